@@ -1,0 +1,1 @@
+"""partir: find SPMD partitioning plans for JAX programs."""

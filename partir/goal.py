@@ -1,0 +1,105 @@
+"""`Goal`: what the user wants planned — program, args, mesh, device, limit, schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from partir.ir.cost import CostModel
+from partir.ir.devices import Device, get_device
+from partir.ir.program import Program, trace
+from partir.ir.propagate import Propagator
+
+_UNITS = {
+    "": 1, "B": 1,
+    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+}  # fmt: skip
+
+
+def parse_bytes(x: int | float | str | None) -> int | None:
+    """`32GiB`, `"1.5 TB"`, or a number of bytes."""
+    if x is None or isinstance(x, int | float):
+        return None if x is None else int(x)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*", x)
+    if not m:
+        raise ValueError(f"cannot read {x!r} as a size; write it like 32GiB or 500MB")
+    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """Search budget and options. With no `episodes` or `seconds`, the search stops by
+    itself once it converges; `seconds` caps it."""
+
+    seconds: float | None = None
+    episodes: int | None = None
+    seed: int = 0
+    prune: str | None = "cpsat"
+    rollout: str = "greedy"
+    patience: int = 200
+    uct_c: float = 1.4
+
+
+class Goal:
+    """A planning problem. The program is traced once, lazily, and shared by all plans."""
+
+    def __init__(
+        self,
+        program: Callable,
+        args: Sequence[Any],
+        mesh: Mapping[str, int],
+        device: str | Device = "cpu",
+        memory_limit: int | str | None = None,
+        objective: str = "time",
+        schedule: Sequence[Any] = (),
+        search: Search | None = None,
+        *,
+        data_inputs: Sequence[str] | None = None,
+        donate: bool = False,
+        filename: str | None = None,
+    ) -> None:
+        self.fn = program
+        self.args = tuple(args)
+        self.mesh = {str(k): int(v) for k, v in mesh.items()}
+        for name, size in self.mesh.items():
+            if size < 1:
+                raise ValueError(f"mesh axis {name!r} has size {size}; sizes must be >= 1")
+        self.device = get_device(device) if isinstance(device, str) else device
+        self.memory_limit = parse_bytes(memory_limit)
+        if objective not in ("time", "memory", "comm"):
+            raise ValueError(f"objective must be 'time', 'memory' or 'comm', not {objective!r}")
+        self.objective = objective
+        self.schedule = list(schedule)
+        self.search = search or Search()
+        self.data_inputs = list(data_inputs) if data_inputs is not None else None
+        self.donate = donate
+        self.filename = filename
+
+    @property
+    def num_devices(self) -> int:
+        n = 1
+        for s in self.mesh.values():
+            n *= s
+        return n
+
+    @functools.cached_property
+    def program(self) -> Program:
+        return trace(self.fn, self.args)
+
+    @functools.cached_property
+    def propagator(self) -> Propagator:
+        return Propagator(self.program, self.mesh)
+
+    @functools.cached_property
+    def cost_model(self) -> CostModel:
+        return CostModel(
+            self.propagator, self.device, memory_limit=self.memory_limit, donate=self.donate
+        )
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        return f"Goal({name}, mesh={self.mesh}, device={self.device.name!r})"

@@ -1,0 +1,1 @@
+"""The program IR: tracing, factor rules, propagation, cost model, devices."""

@@ -1,0 +1,411 @@
+"""The cost of a propagated state, per device: collectives, memory, FLOPs and a step time.
+
+Each op runs with one sharding of its factors ("execution sharding"): taken from its
+operands first, in order, then from its results for factors the operands leave whole; an
+axis serves at most one factor. Operands that disagree are resharded (all-gather,
+all-to-all, or a free local slice); a sharded reduction factor leaves a partial sum, an
+all-reduce, or a reduce-scatter where the result is itself tiled on that axis.
+
+Step time is an estimate: compute as max(FLOPs / peak, bytes / HBM bandwidth) per op, plus
+every collective on an alpha-beta ring model per mesh axis, with no overlap. Memory is an
+estimate too: live bytes in program order (arguments live throughout, unless donated).
+`partir.verify` holds both against what XLA compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from partir.ir.devices import Device
+from partir.ir.program import Program
+from partir.ir.propagate import Axes, Propagator, Sharding, State, join_axes, split_axes
+from partir.ir.rules import Kind
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_NO_FLOPS = {
+    "_link", "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "slice",
+    "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "copy_p",
+    "convert_element_type", "iota", "gather", "split", "sharding_constraint", "name",
+    "optimization_barrier", "bitcast_convert_type", "stop_gradient",
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective, per device. `bytes`: the whole array it reduces or produces, for one
+    execution; `count`: executions per step (a loop body runs `count` times)."""
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes: int
+    source: str = ""
+    count: int = 1
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes * self.count
+
+
+@dataclasses.dataclass
+class Cost:
+    """Per-device cost of a plan. Times and memory are estimates of the model above."""
+
+    step_time_s: float
+    compute_s: float
+    comm_s: float
+    argument_bytes: int
+    peak_memory_bytes: int
+    comm_bytes: int
+    flops: float
+    collectives: list[Collective]
+    comm_s_by_kind: dict[str, float]
+    memory_limit: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_limit is None or self.peak_memory_bytes <= self.memory_limit
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        out = dict.fromkeys(KINDS, 0)
+        for c in self.collectives:
+            out[c.kind] += c.total_bytes
+        return out
+
+    def count_by_kind(self) -> dict[str, int]:
+        out = dict.fromkeys(KINDS, 0)
+        for c in self.collectives:
+            out[c.kind] += c.count
+        return out
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["collectives"] = [dataclasses.asdict(c) for c in self.collectives]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Cost:
+        d = dict(d)
+        d["collectives"] = [
+            Collective(c["kind"], tuple(c["axes"]), c["bytes"], c.get("source", ""),
+                       c.get("count", 1))
+            for c in d["collectives"]
+        ]  # fmt: skip
+        return cls(**d)
+
+    def __str__(self) -> str:
+        lines = [
+            f"step time  {fmt_seconds(self.step_time_s)} (estimate: compute "
+            f"{fmt_seconds(self.compute_s)}, communication {fmt_seconds(self.comm_s)})",
+            f"memory     {fmt_bytes(self.peak_memory_bytes)} peak per device (estimate), "
+            f"arguments {fmt_bytes(self.argument_bytes)}"
+            + (f", limit {fmt_bytes(self.memory_limit)}" if self.memory_limit else ""),
+        ]
+        counts, sizes = self.count_by_kind(), self.bytes_by_kind()
+        for kind in KINDS:
+            if counts[kind]:
+                lines.append(
+                    f"{kind:<19}{counts[kind]:>6} x, {fmt_bytes(sizes[kind]):>10} per device, "
+                    f"{fmt_seconds(self.comm_s_by_kind.get(kind, 0.0))}"
+                )
+        return "\n".join(lines)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCost:
+    flops: float
+    bytes: float
+    # (kind, axes, bytes, reuse key): an operand resharded the same way twice is one
+    # collective, since XLA computes it once and keeps it (the key is (value, src, dst))
+    collectives: tuple[tuple[str, Axes, int, tuple | None], ...]
+
+
+class CostModel:
+    """Costs states of one program on one mesh and device; per-op costs are memoised, so
+    costing a state that differs from the last in a few values is cheap."""
+
+    def __init__(
+        self,
+        propagator: Propagator,
+        device: Device,
+        *,
+        memory_limit: int | None = None,
+        donate: bool = False,
+    ) -> None:
+        self.prop = propagator
+        self.program: Program = propagator.program
+        self.mesh = propagator.mesh
+        self.device = device
+        self.memory_limit = memory_limit
+        self.bandwidth = device.axis_bandwidths(self.mesh)
+        self._memo: dict[tuple, OpCost] = {}
+        self._init_liveness(donate)
+
+    # -- memory -----------------------------------------------------------------------
+    def _init_liveness(self, donate: bool) -> None:
+        prog = self.program
+        n = len(prog.values)
+        end = len(prog.ops)
+        birth = np.full(n, -1, dtype=np.int64)
+        death = np.full(n, -1, dtype=np.int64)
+        for op in prog.ops:
+            for v in op.inputs:
+                if v is not None:
+                    if birth[v] < 0 and v not in prog.input_paths:
+                        birth[v] = op.index
+                    death[v] = max(death[v], op.index)
+            for v in op.outputs:
+                birth[v] = op.index
+                death[v] = max(death[v], op.index)
+        donated = set(prog.carried.values()) if donate else set()
+        self.is_input = np.zeros(n, dtype=bool)
+        for path, v in prog.inputs.items():
+            birth[v] = 0
+            self.is_input[v] = True
+            if path not in donated:
+                death[v] = end
+        for v in prog.outputs.values():
+            death[v] = end
+        birth = np.maximum(birth, 0)
+        death = np.maximum(death, birth)
+        self.birth, self.death, self.end = birth, death, end
+        self.global_bytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
+
+    def local_bytes(self, state: State) -> np.ndarray:
+        lb = self.global_bytes.copy()
+        for v, s in state.shardings.items():
+            lb[v] /= math.prod(self.prop.size(axes) for axes in s)
+        return lb
+
+    def memory(self, state: State) -> tuple[int, int]:
+        """(argument bytes, peak live bytes) per device."""
+        lb = self.local_bytes(state)
+        args = int(lb[self.is_input].sum())
+        diff = np.zeros(self.end + 2)
+        np.add.at(diff, self.birth, lb)
+        np.add.at(diff, self.death + 1, -lb)
+        return args, int(np.cumsum(diff).max())
+
+    # -- per-op costs -----------------------------------------------------------------
+    def op_cost(self, i: int, state: State) -> OpCost:
+        op = self.program.ops[i]
+        tensors = self.prop.tensors[i]
+        key = (i, tuple(state.shardings.get(v) for v, _ in tensors))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._op_cost(op, [s or ((),) * len(self.prop.shapes[v])
+                                     for (v, _), s in zip(tensors, key[1])])  # fmt: skip
+            self._memo[key] = hit
+        return hit
+
+    def _op_cost(self, op, shardings: list[Sharding]) -> OpCost:
+        """The cheapest of the execution shardings anchored on each of the op's tensors
+        (as an SPMD partitioner picks the cheaper side to reshard)."""
+        if op.primitive == "_link":
+            return self._link_cost(op, self.prop.tensors[op.index], shardings)
+        n = len(shardings)
+        best = None
+        for first in range(n):
+            order = [first] + [t for t in range(n) if t != first]
+            cand = self._run_with(op, shardings, order)
+            if best is None or _weight(cand) < _weight(best):
+                best = cand
+            if not cand.collectives:
+                break
+        return best or OpCost(0.0, 0.0, ())
+
+    def _run_with(self, op, shardings: list[Sharding], order: list[int]) -> OpCost:
+        rule = op.rule
+        prop = self.prop
+        mesh = self.mesh
+        tensors = prop.tensors[op.index]
+        n_in = sum(1 for v in op.inputs if v is not None)
+        # execution sharding: tensors in `order` claim factors; an axis serves one factor
+        fa: dict[int, Axes] = {}
+        used: set[str] = set()
+        for t in order:
+            dims, s = tensors[t][1], shardings[t]
+            for d, fs in enumerate(dims):
+                if not s[d]:
+                    continue
+                for f, axes in split_axes(s[d], fs, rule.sizes, mesh):
+                    kind = rule.kinds[f]
+                    if f in fa or used & set(axes):
+                        continue
+                    if kind is Kind.PASS or (kind is Kind.REDUCTION and t < n_in):
+                        fa[f] = axes
+                        used |= set(axes)
+        colls: list[tuple[str, Axes, int]] = []
+        nbytes = 0.0
+        partial = [a for f, axes in fa.items() if rule.kinds[f] is Kind.REDUCTION for a in axes]
+        for t, ((v, dims), s) in enumerate(zip(tensors, shardings)):
+            shape = prop.shapes[v]
+            item = self.program.values[v].itemsize
+            want = tuple(join_axes(fs, fa, rule.sizes, mesh) for fs in dims)
+            if t < n_in:
+                reuse = (v, s, want)
+                colls += [c + (reuse,) for c in reshard(shape, item, s, want, mesh)]
+                nbytes += local_size(shape, want, mesh) * item
+            else:
+                cur = want
+                if partial:
+                    scatter = [a for a in partial if any(a in axes for axes in s)]
+                    reduce = [a for a in partial if a not in scatter]
+                    size = local_size(shape, cur, mesh) * item
+                    if reduce:
+                        colls.append(("all-reduce", tuple(reduce), size, None))
+                    if scatter:
+                        colls.append(("reduce-scatter", tuple(scatter), size, None))
+                        cur = tuple(
+                            c + tuple(a for a in axes if a in scatter and a not in c)
+                            for c, axes in zip(cur, s)
+                        )
+                colls += [c + (None,) for c in reshard(shape, item, cur, s, mesh)]
+                nbytes += local_size(shape, want, mesh) * item
+        flops = 0.0
+        if op.primitive not in _NO_FLOPS:
+            local = [
+                rule.sizes[f] // (prop.size(fa[f]) if f in fa else 1)
+                for f in range(len(rule.sizes))
+            ]
+            if op.primitive == "dot_general" or op.primitive == "conv_general_dilated":
+                flops = 2.0 * math.prod(local)
+            else:
+                flops = float(max(
+                    (local_size(prop.shapes[v], tuple(join_axes(fs, fa, rule.sizes, mesh)
+                                                       for fs in dims), mesh)
+                     for v, dims in tensors), default=0))  # fmt: skip
+        return OpCost(flops, nbytes, tuple(colls))
+
+    def _link_cost(self, op, tensors, shardings) -> OpCost:
+        (src, sdims), (dst, ddims) = tensors
+        s_src, s_dst = shardings
+        rule = op.rule
+        fa: dict[int, Axes] = {}
+        for d, fs in enumerate(ddims):
+            for f, axes in split_axes(s_dst[d], fs, rule.sizes, self.mesh):
+                fa[f] = axes
+        want = tuple(join_axes(fs, fa, rule.sizes, self.mesh) for fs in sdims)
+        item = self.program.values[src].itemsize
+        moves = reshard(self.prop.shapes[src], item, s_src, want, self.mesh)
+        return OpCost(0.0, 0.0, tuple(c + ((src, s_src, want),) for c in moves))
+
+    # -- totals -----------------------------------------------------------------------
+    def collective_time(self, kind: str, axes: Axes, nbytes: float) -> float:
+        n = math.prod(self.mesh[a] for a in axes)
+        if n <= 1:
+            return 0.0
+        bw = min(self.bandwidth[a] for a in axes)
+        alpha = self.device.latency
+        if kind == "all-reduce":
+            return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha
+        if kind == "collective-permute":
+            return nbytes / bw + alpha
+        return (n - 1) / n * nbytes / bw + (n - 1) * alpha
+
+    def cost(self, state: State, *, detail: bool = True) -> Cost:
+        """The cost of `state`; `detail=False` skips the per-collective sources."""
+        dev = self.device
+        compute = comm = flops_total = 0.0
+        by_kind = dict.fromkeys(KINDS, 0.0)
+        colls: list[Collective] = []
+        comm_bytes = 0
+        reused: set[tuple] = set()
+        for op in self.program.ops:
+            c = self.op_cost(op.index, state)
+            m = op.multiplicity
+            if c.flops or c.bytes:
+                compute += m * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
+                flops_total += m * c.flops
+            for kind, axes, nbytes, reuse in c.collectives:
+                if reuse is not None:
+                    if reuse in reused:
+                        continue
+                    reused.add(reuse)
+                t = m * self.collective_time(kind, axes, nbytes)
+                comm += t
+                by_kind[kind] += t
+                comm_bytes += m * nbytes
+                if detail:
+                    colls.append(Collective(kind, axes, int(nbytes), _source(op), m))
+        args, peak = self.memory(state)
+        return Cost(
+            step_time_s=compute + comm,
+            compute_s=compute,
+            comm_s=comm,
+            argument_bytes=args,
+            peak_memory_bytes=peak,
+            comm_bytes=int(comm_bytes),
+            flops=flops_total,
+            collectives=colls,
+            comm_s_by_kind=by_kind,
+            memory_limit=self.memory_limit,
+        )
+
+
+def _weight(c: OpCost) -> float:
+    """Bytes moved, an all-reduce counted twice (a ring all-reduce moves its data twice)."""
+    return sum(b * (2 if k == "all-reduce" else 1) for k, _, b, _ in c.collectives)
+
+
+def _source(op) -> str:
+    where = f" at {op.source}" if op.source else ""
+    if op.primitive == "_link":
+        return f"{op.params['kind']} link (op {op.index})"
+    return f"{op.primitive} (op {op.index}){where}"
+
+
+def local_size(shape, sharding: Sharding, mesh: Mapping[str, int]) -> int:
+    n = math.prod(shape)
+    for axes in sharding:
+        for a in axes:
+            n //= mesh[a]
+    return n
+
+
+def reshard(shape, itemsize: int, src: Sharding, dst: Sharding, mesh) -> list:
+    """Collectives that turn `src` into `dst`: gather the axes `dst` drops, all-to-all the
+    axes that move to another dim, then slice locally (free)."""
+    if src == dst:
+        return []
+    where = {a: d for d, axes in enumerate(dst) for a in axes}
+    kept: list[Axes] = []
+    moving: list[tuple[str, int]] = []
+    for d, (s, t) in enumerate(zip(src, dst)):
+        k = 0
+        while k < len(s) and k < len(t) and s[k] == t[k]:
+            k += 1
+        kept.append(s[:k])
+        moving += [(a, d) for a in s[k:]]
+    if not moving:
+        return []
+    gather = tuple(a for a, _ in moving if a not in where)
+    move = [(a, d) for a, d in moving if a in where]
+    out = []
+    if gather:
+        after = [k + tuple(a for a, dd in move if dd == d) for d, k in enumerate(kept)]
+        out.append(("all-gather", gather, local_size(shape, after, mesh) * itemsize))
+    if move:
+        after = [k + tuple(a for a, dd in move if dd == d) for d, k in enumerate(kept)]
+        out.append(
+            ("all-to-all", tuple(a for a, _ in move), local_size(shape, after, mesh) * itemsize)
+        )
+    return out

@@ -1,0 +1,85 @@
+"""Device catalog: peak FLOP/s, HBM size and bandwidth, interconnect bandwidth.
+
+Numbers are per chip, from the vendors' public spec sheets (sources beside each entry).
+FLOP/s are dense bf16 peaks; the cost model uses them for every dtype, so a step time is an
+estimate of a well-tuned bf16 run. Link bandwidths are per direction along one mesh axis.
+GPUs sit in nodes of `node_size`: a mesh axis whose devices all fit in a node uses NVLink,
+one that spans nodes uses the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+GiB = 1024**3
+GB = 10**9
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    name: str
+    flops: float  # peak FLOP/s
+    hbm: int  # bytes
+    hbm_bandwidth: float  # bytes/s
+    link_bandwidth: float  # bytes/s per direction, within a node (or the whole ICI torus)
+    latency: float = 1e-6  # seconds per collective step (the alpha of the alpha-beta model)
+    node_size: int | None = None  # devices per node on GPUs; None: one interconnect
+    network_bandwidth: float | None = None  # bytes/s per device across nodes
+    links: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per-axis overrides
+
+    def axis_bandwidths(self, mesh: Mapping[str, int]) -> dict[str, float]:
+        """Bandwidth of each mesh axis. Axes are laid out major first, so the last axes
+        are the ones that stay within a node."""
+        out: dict[str, float] = {}
+        inner = 1
+        for name in reversed(list(mesh)):
+            inner *= mesh[name]
+            if name in self.links:
+                out[name] = self.links[name]
+            elif self.node_size is not None and inner > self.node_size:
+                out[name] = self.network_bandwidth or self.link_bandwidth
+            else:
+                out[name] = self.link_bandwidth
+        return {name: out[name] for name in mesh}
+
+    def with_links(self, links: Mapping[str, float]) -> Device:
+        return dataclasses.replace(self, links={**self.links, **links})
+
+
+CATALOG: dict[str, Device] = {
+    d.name: d
+    for d in [
+        # Cloud TPU system architecture pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e):
+        # v4: 275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s, ICI 6 links x 50 GB/s.
+        Device("tpu-v4", 275e12, 32 * GiB, 1200 * GB, 50 * GB),
+        # v5e: 197 TFLOP/s bf16, 16 GiB HBM2e at 819 GB/s, ICI 1,600 Gbit/s over 4 links.
+        Device("tpu-v5e", 197e12, 16 * GiB, 819 * GB, 50 * GB),
+        # v5p: 459 TFLOP/s bf16, 95 GiB HBM2e at 2,765 GB/s, ICI 4,800 Gbit/s over 6 links.
+        Device("tpu-v5p", 459e12, 95 * GiB, 2765 * GB, 100 * GB),
+        # v6e (Trillium): 918 TFLOP/s bf16, 32 GiB at 1,640 GB/s, ICI 3,584 Gbit/s, 4 links.
+        Device("tpu-v6e", 918e12, 32 * GiB, 1640 * GB, 112 * GB),
+        # NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 80 GB HBM2e at 2,039 GB/s,
+        # NVLink 600 GB/s (300 GB/s per direction), 8 per node, HDR InfiniBand 25 GB/s.
+        Device("a100-80g", 312e12, 80 * GB, 2039 * GB, 300 * GB, 2e-6, 8, 25 * GB),
+        # H100 SXM datasheet: 989 TFLOP/s bf16 dense, 80 GB HBM3 at 3,350 GB/s,
+        # NVLink 900 GB/s (450 per direction), 8 per node, NDR InfiniBand 50 GB/s.
+        Device("h100", 989e12, 80 * GB, 3350 * GB, 450 * GB, 2e-6, 8, 50 * GB),
+        # H200 datasheet: as H100 with 141 GB HBM3e at 4,800 GB/s.
+        Device("h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 2e-6, 8, 50 * GB),
+        # B200 (DGX B200 datasheet): 2,250 TFLOP/s bf16 dense, 180 GB HBM3e at 8 TB/s,
+        # NVLink 5 1,800 GB/s (900 per direction), 8 per node, 50 GB/s network.
+        Device("b200", 2250e12, 180 * GB, 8000 * GB, 900 * GB, 2e-6, 8, 50 * GB),
+        # A laptop-class CPU "device", for examples that run here: ~1 TFLOP/s f32 vector
+        # peak, 16 GiB, ~50 GB/s memory, ~10 GB/s between fake devices.
+        Device("cpu", 1e12, 16 * GiB, 50 * GB, 10 * GB, 5e-6),
+    ]
+}
+
+
+def get_device(name: str) -> Device:
+    """A catalog device by name; the error lists the names."""
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise ValueError(f"unknown device {name!r}; known devices: {', '.join(CATALOG)}") from None

@@ -1,0 +1,425 @@
+"""Trace a JAX function into a flat `Program`: values, ops in program order, named inputs.
+
+Nested calls (`jit`, `custom_jvp_call`, `custom_vjp_call`, `remat`) are inlined. Control
+flow (`scan`, `while`, `cond`) keeps its body ops in the same flat list, tagged with how many
+times they run, and joined to the outer values by `_link` ops whose rule says that the two
+sides share one sharding (the carried state of a loop, its consts, its sliced inputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.extend as jex
+import numpy as np
+
+Path = str
+
+INLINED_CALLS = {
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "checkpoint": "jaxpr",
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "remat2": "jaxpr",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """One array in the program: its id, global shape and dtype."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    itemsize: int
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+
+@dataclasses.dataclass
+class Op:
+    """One primitive application. `inputs` holds value ids, or None for a literal."""
+
+    index: int
+    primitive: str
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int, ...]
+    params: dict[str, Any]
+    multiplicity: int = 1
+    source: str = ""
+    rule: Any = None  # a partir.ir.rules.Rule, set by Program.attach_rules
+
+    def __repr__(self) -> str:
+        return f"Op({self.index}, {self.primitive}, in={self.inputs}, out={self.outputs})"
+
+
+@dataclasses.dataclass
+class Program:
+    """A traced function: values, ops in program order, and named inputs and outputs."""
+
+    values: list[Value]
+    ops: list[Op]
+    inputs: dict[Path, int]
+    outputs: dict[Path, int]
+    carried: dict[Path, Path]  # output path -> the input path it is the next version of
+    in_tree: Any
+    out_tree: Any
+    jaxpr: Any  # the ClosedJaxpr it came from, for plan.jit
+    arg_names: tuple[str, ...]
+    eqn_outputs: dict[tuple, list[int]] = dataclasses.field(default_factory=dict)
+    users: list[list[int]] = dataclasses.field(default_factory=list)
+    producer: list[int | None] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.users = [[] for _ in self.values]
+        self.producer = [None] * len(self.values)
+        for op in self.ops:
+            for v in op.inputs:
+                if v is not None and op.index not in self.users[v]:
+                    self.users[v].append(op.index)
+            for v in op.outputs:
+                self.producer[v] = op.index
+        self.input_paths = {vid: path for path, vid in self.inputs.items()}
+
+    def value(self, vid: int) -> Value:
+        return self.values[vid]
+
+    def primitives(self) -> dict[str, int]:
+        """How many ops of each primitive the program holds."""
+        counts: dict[str, int] = {}
+        for op in self.ops:
+            counts[op.primitive] = counts.get(op.primitive, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def __repr__(self) -> str:
+        return (
+            f"Program({len(self.inputs)} inputs, {len(self.outputs)} outputs, "
+            f"{len(self.ops)} ops, {len(self.values)} values)"
+        )
+
+
+def path_str(prefix: str, keypath: Sequence[Any]) -> Path:
+    """Join a pytree key path with '/': dict keys, indices, attribute names."""
+    parts = [prefix] if prefix else []
+    for key in keypath:
+        if isinstance(key, jax.tree_util.DictKey):
+            parts.append(str(key.key))
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            parts.append(str(key.idx))
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            parts.append(key.name)
+        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+            parts.append(str(key.key))
+        else:
+            parts.append(str(key).strip("[]."))
+    return "/".join(parts)
+
+
+def arg_names(fn: Callable, nargs: int) -> tuple[str, ...]:
+    """The function's parameter names for its first `nargs` positional args."""
+    try:
+        params = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    names = list(params[:nargs])
+    names += [f"arg{i}" for i in range(len(names), nargs)]
+    return tuple(names)
+
+
+def abstractify(x: Any) -> Any:
+    """An array or ShapeDtypeStruct leaf as a ShapeDtypeStruct; other leaves unchanged."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+    return x
+
+
+def _itemsize(dtype: Any) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        # A typed key array holds its key data: threefry keys are 2 x uint32.
+        key_shape = getattr(getattr(dtype, "_impl", None), "key_shape", (2,))
+        return int(np.prod(key_shape)) * 4
+    return np.dtype(dtype).itemsize
+
+
+class _Builder:
+    """Walks a jaxpr, inlining calls and flattening control flow into one op list."""
+
+    def __init__(self) -> None:
+        self.values: list[Value] = []
+        self.ops: list[Op] = []
+        # equation key (its position in the nest of jaxprs) -> its output value ids
+        self.eqn_outputs: dict[tuple, list[int]] = {}
+
+    def new_value(self, aval: Any) -> int:
+        shape = tuple(int(d) for d in getattr(aval, "shape", ()))
+        dtype = getattr(aval, "dtype", np.dtype("float32"))
+        vid = len(self.values)
+        try:
+            itemsize = _itemsize(dtype)
+        except Exception:  # an opaque dtype we cannot size: count one byte per element
+            itemsize = 1
+        self.values.append(Value(vid, shape, dtype, itemsize))
+        return vid
+
+    def add_op(
+        self,
+        primitive: str,
+        inputs: Sequence[int | None],
+        outputs: Sequence[int],
+        params: dict[str, Any],
+        multiplicity: int,
+        source: str = "",
+    ) -> Op:
+        op = Op(
+            len(self.ops), primitive, tuple(inputs), tuple(outputs), params, multiplicity, source
+        )
+        self.ops.append(op)
+        return op
+
+    def link(self, src: int, dst: int, kind: str, mult: int, offset: int = 0) -> None:
+        """`dst` shares `src`'s sharding; with `offset`, src has `offset` extra leading dims."""
+        self.add_op("_link", (src, dst), (), {"kind": kind, "offset": offset}, mult)
+
+    def constant(self, x: Any) -> int:
+        return self.new_value(jax.ShapeDtypeStruct(np.shape(x), x.dtype))
+
+    def run(
+        self,
+        jaxpr: Any,
+        consts: Sequence[Any],
+        args: Sequence[int | None],
+        mult: int,
+        prefix: tuple = (),
+    ) -> list[int]:
+        """Emit the ops of `jaxpr` with its invars bound to `args`; return the outvar ids.
+
+        Each equation is keyed by `prefix + (index,)`, so a replay of the same jaxprs
+        (plan.jit's interpreter) finds the value ids of every equation's outputs."""
+        env: dict[Any, int | None] = {}
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = self.constant(c)
+        for var, a in zip(jaxpr.invars, args):
+            env[var] = a
+
+        def read(atom: Any) -> int | None:
+            if isinstance(atom, jex.core.Literal):
+                return None
+            return env[atom]
+
+        for n, eqn in enumerate(jaxpr.eqns):
+            ins = [read(a) for a in eqn.invars]
+            key = prefix + (n,)
+            outs = self.equation(eqn, ins, mult, key)
+            self.eqn_outputs[key] = outs
+            for var, vid in zip(eqn.outvars, outs):
+                env[var] = vid
+        results = []
+        for atom in jaxpr.outvars:
+            vid = read(atom)
+            if vid is None:  # a literal output: give it a value of its own
+                vid = self.new_value(atom.aval)
+            results.append(vid)
+        return results
+
+    def equation(self, eqn: Any, ins: list[int | None], mult: int, key: tuple) -> list[int]:
+        name = eqn.primitive.name
+        source = _source(eqn)
+        if name in INLINED_CALLS:
+            inner = eqn.params.get(INLINED_CALLS[name])
+            if inner is None:
+                inner = next(iter(jex.core.jaxprs_in_params(eqn.params)), None)
+            if inner is not None:
+                jaxpr, consts = _open(inner)
+                return self.run(jaxpr, consts, ins, mult, key)
+        if name == "scan":
+            return self.scan(eqn, ins, mult, key)
+        if name == "while":
+            return self.while_loop(eqn, ins, mult, key)
+        if name == "cond":
+            return self.cond(eqn, ins, mult, key)
+        outs = [self.new_value(v.aval) for v in eqn.outvars]
+        self.add_op(name, ins, outs, dict(eqn.params), mult, source)
+        return outs
+
+    def _bind_inputs(
+        self,
+        outer: Sequence[int | None],
+        inner_avals: Sequence[Any],
+        kind: str,
+        mult: int,
+        offset: int = 0,
+    ) -> list[int]:
+        bound = []
+        for src, aval in zip(outer, inner_avals):
+            dst = self.new_value(aval)
+            if src is not None:
+                self.link(src, dst, kind, mult, offset)
+            bound.append(dst)
+        return bound
+
+    def scan(self, eqn: Any, ins: list[int | None], mult: int, key: tuple) -> list[int]:
+        p = eqn.params
+        jaxpr, consts = _open(p["jaxpr"])
+        nc, nk = p["num_consts"], p["num_carry"]
+        inner = mult * int(p["length"])
+        avals = [v.aval for v in jaxpr.invars]
+        body_in = (
+            self._bind_inputs(ins[:nc], avals[:nc], "const", inner)
+            + self._bind_inputs(ins[nc : nc + nk], avals[nc : nc + nk], "carry", mult)
+            + self._bind_inputs(ins[nc + nk :], avals[nc + nk :], "xs", inner, offset=1)
+        )
+        body_out = self.run(jaxpr, consts, body_in, inner, key + ("body",))
+        for out, carry_in in zip(body_out[:nk], body_in[nc : nc + nk]):
+            self.link(out, carry_in, "carry", inner)
+        outs = [self.new_value(v.aval) for v in eqn.outvars]
+        for out, res in zip(body_out[:nk], outs[:nk]):
+            self.link(out, res, "carry", mult)
+        for out, res in zip(body_out[nk:], outs[nk:]):
+            self.link(res, out, "ys", inner, offset=1)
+        return outs
+
+    def while_loop(self, eqn: Any, ins: list[int | None], mult: int, key: tuple) -> list[int]:
+        p = eqn.params
+        cjaxpr, cconsts = _open(p["cond_jaxpr"])
+        bjaxpr, bconsts = _open(p["body_jaxpr"])
+        nc, nb = p["cond_nconsts"], p["body_nconsts"]
+        carry = ins[nc + nb :]
+        cavals = [v.aval for v in cjaxpr.invars]
+        bavals = [v.aval for v in bjaxpr.invars]
+        cond_in = self._bind_inputs(ins[:nc], cavals[:nc], "const", mult)
+        body_consts = self._bind_inputs(ins[nc : nc + nb], bavals[:nb], "const", mult)
+        body_carry = self._bind_inputs(carry, bavals[nb:], "carry", mult)
+        self.run(cjaxpr, cconsts, cond_in + body_carry, mult, key + ("cond",))
+        body_out = self.run(bjaxpr, bconsts, body_consts + body_carry, mult, key + ("body",))
+        outs = [self.new_value(v.aval) for v in eqn.outvars]
+        for out, carry_in, res in zip(body_out, body_carry, outs):
+            self.link(out, carry_in, "carry", mult)
+            self.link(out, res, "carry", mult)
+        return outs
+
+    def cond(self, eqn: Any, ins: list[int | None], mult: int, key: tuple) -> list[int]:
+        outs = [self.new_value(v.aval) for v in eqn.outvars]
+        for b, branch in enumerate(eqn.params["branches"]):
+            jaxpr, consts = _open(branch)
+            bound = self._bind_inputs(ins[1:], [v.aval for v in jaxpr.invars], "operand", mult)
+            for out, res in zip(self.run(jaxpr, consts, bound, mult, key + (b,)), outs):
+                self.link(out, res, "branch", mult)
+        return outs
+
+
+def _open(j: Any) -> tuple[Any, Sequence[Any]]:
+    """(Jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
+    if isinstance(j, jex.core.ClosedJaxpr):
+        return j.jaxpr, j.consts
+    return j, ()
+
+
+def _source(eqn: Any) -> str:
+    try:
+        from jax._src import source_info_util
+
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:  # internal API: a missing source line is not worth failing over
+        return ""
+
+
+def trace(fn: Callable, args: Sequence[Any], *, names: Sequence[str] | None = None) -> Program:
+    """Trace `fn(*args)` without allocating anything and flatten it into a `Program`.
+
+    `args` may hold arrays or `jax.ShapeDtypeStruct`s. Inputs are named by the parameter
+    name of `fn` and the pytree key path (`params/layers/3/mlp/w_in`); outputs by `out/...`.
+    """
+    args = tuple(args)
+    abstract = jax.tree_util.tree_map(abstractify, args)
+    closed = jax.make_jaxpr(fn)(*abstract)
+    arg_names_ = tuple(names) if names is not None else arg_names(fn, len(args))
+    in_paths = []
+    for i, arg in enumerate(abstract):
+        leaves, _ = jax.tree_util.tree_flatten_with_path(arg)
+        in_paths += [path_str(arg_names_[i], kp) for kp, _ in leaves]
+    in_tree = jax.tree_util.tree_structure(abstract)
+    out_shape = jax.eval_shape(fn, *abstract)
+    out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
+    out_paths = [path_str("out", kp) for kp, _ in out_leaves]
+
+    b = _Builder()
+    jaxpr = closed.jaxpr
+    if len(jaxpr.invars) != len(in_paths):
+        raise ValueError(
+            f"traced {len(jaxpr.invars)} array inputs but the args hold {len(in_paths)} leaves"
+        )
+    in_ids = [b.new_value(v.aval) for v in jaxpr.invars]
+    out_ids = b.run(jaxpr, closed.consts, in_ids, 1)
+    inputs = dict(zip(in_paths, in_ids))
+    outputs = dict(zip(out_paths, out_ids))
+    carried = find_carried(inputs, outputs, b.values)
+    for out_path, in_path in carried.items():
+        b.link(outputs[out_path], inputs[in_path], "state", 1)
+    return Program(
+        values=b.values,
+        ops=b.ops,
+        inputs=inputs,
+        outputs=outputs,
+        carried=carried,
+        in_tree=in_tree,
+        out_tree=out_tree,
+        jaxpr=closed,
+        arg_names=arg_names_,
+        eqn_outputs=b.eqn_outputs,
+    )
+
+
+def find_carried(inputs: dict[Path, int], outputs: dict[Path, int], values: list[Value]):
+    """Link each output that is the next-step version of an input.
+
+    An output `out/<k>/<tail>` matches input `<name>/<tail>` when the shapes and dtypes are
+    equal and the output position `k` is the input's argument position, or when the tail
+    is unique among the inputs. Both train steps returning `(params, opt_state, metrics)`
+    and functions returning a dict of new state are covered.
+    """
+    by_tail: dict[str, list[Path]] = {}
+    for path in inputs:
+        head, _, tail = path.partition("/")
+        by_tail.setdefault(tail, []).append(path)
+    arg_order = list(dict.fromkeys(p.split("/", 1)[0] for p in inputs))
+    carried: dict[Path, Path] = {}
+    used: set[Path] = set()
+    for out_path, out_vid in outputs.items():
+        parts = out_path.split("/")
+        if len(parts) < 3:
+            continue
+        candidates: list[Path] = []
+        if parts[1].isdigit() and int(parts[1]) < len(arg_order):
+            candidates.append(arg_order[int(parts[1])] + "/" + "/".join(parts[2:]))
+        candidates += by_tail.get("/".join(parts[2:]), [])
+        for cand in candidates:
+            vin = inputs.get(cand)
+            if vin is None or cand in used:
+                continue
+            a, b = values[vin], values[out_vid]
+            if a.shape == b.shape and a.dtype == b.dtype:
+                carried[out_path] = cand
+                used.add(cand)
+                break
+    return carried

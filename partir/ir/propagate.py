@@ -1,0 +1,305 @@
+"""Propagate tiling decisions through the factor rules, forward and backward, to a fixpoint.
+
+A sharding gives each dim of a value a tuple of mesh axes (major first); an axis is used
+at most once per value and the axes' sizes must divide the dim. Propagation only ever
+adds axes: a value that already holds a sharding keeps it (earlier decisions win), and a
+later demand that conflicts with it stays where it is, to be paid for by a resharding
+collective in the cost model.
+
+States are immutable and hash, so a search can key a transposition table on them;
+`Propagator.apply` copies a state and propagates from the one value it changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+from partir.ir.program import Program
+from partir.ir.rules import Kind, Rule, link_rule, rule_for
+
+Axes = tuple[str, ...]
+Sharding = tuple[Axes, ...]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Decision:
+    """Tile `value` along `dim` on mesh `axis`. Lower `priority` is applied first."""
+
+    priority: int
+    value: int
+    dim: int
+    axis: str
+
+
+class State:
+    """Shardings of every value (absent = replicated), immutable and hashable."""
+
+    __slots__ = ("shardings", "frozen", "_key")
+
+    def __init__(self, shardings: dict[int, Sharding], frozen: frozenset[int], key: int) -> None:
+        self.shardings = shardings
+        self.frozen = frozen
+        self._key = key
+
+    def __hash__(self) -> int:
+        return self._key
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, State)
+            and self._key == other._key
+            and self.shardings == other.shardings
+        )
+
+    def get(self, vid: int, rank: int) -> Sharding:
+        return self.shardings.get(vid) or ((),) * rank
+
+    def __len__(self) -> int:
+        return len(self.shardings)
+
+
+def _entry_hash(vid: int, sharding: Sharding) -> int:
+    return hash((vid, sharding))
+
+
+def _rekey(key: int, vid: int, old: Sharding, new: Sharding) -> int:
+    """The state key is the XOR of its entries' hashes, kept up to date entry by entry."""
+    if any(old):
+        key ^= _entry_hash(vid, old)
+    if any(new):
+        key ^= _entry_hash(vid, new)
+    return key
+
+
+def attach_rules(program: Program) -> None:
+    """Give every op of `program` its factor rule (once)."""
+    vals = program.values
+    for op in program.ops:
+        if op.rule is not None:
+            continue
+        if op.primitive == "_link":
+            src, dst = op.inputs
+            op.rule = link_rule(vals[src].shape, vals[dst].shape, op.params["offset"])
+            continue
+        ins = [None if v is None else vals[v].shape for v in op.inputs]
+        outs = [vals[v].shape for v in op.outputs]
+        op.rule = rule_for(op.primitive, ins, outs, op.params)
+
+
+class Propagator:
+    """Applies decisions to states of one program on one mesh."""
+
+    def __init__(self, program: Program, mesh: Mapping[str, int]) -> None:
+        attach_rules(program)
+        self.program = program
+        self.mesh = dict(mesh)
+        self.shapes = [v.shape for v in program.values]
+        # per op: [(value id, per-dim factors)], the factor sizes and whether they propagate
+        self.tensors: list[list[tuple[int, tuple[tuple[int, ...], ...]]]] = []
+        self.sizes: list[tuple[int, ...]] = []
+        self.moves: list[tuple[bool, ...]] = []
+        for op in program.ops:
+            rule: Rule = op.rule
+            ts = [(v, f) for v, f in zip(op.inputs, rule.operands) if v is not None]
+            ts += list(zip(op.outputs, rule.results))
+            self.tensors.append(ts)
+            self.sizes.append(rule.sizes)
+            self.moves.append(tuple(k in (Kind.PASS, Kind.REDUCTION) for k in rule.kinds))
+        self.ops_of: list[list[int]] = [[] for _ in program.values]
+        for i, ts in enumerate(self.tensors):
+            for v, _ in ts:
+                if i not in self.ops_of[v]:
+                    self.ops_of[v].append(i)
+
+    # -- states ---------------------------------------------------------------------
+    def empty(self, frozen: Iterable[int] = ()) -> State:
+        return State({}, frozenset(frozen), 0)
+
+    def sharding(self, state: State, vid: int) -> Sharding:
+        return state.get(vid, len(self.shapes[vid]))
+
+    def size(self, axes: Axes) -> int:
+        return math.prod(self.mesh[a] for a in axes)
+
+    def can_apply(self, state: State, d: Decision) -> bool:
+        """Whether `d` adds an axis the value lacks, along a dim it divides."""
+        shape = self.shapes[d.value]
+        if not 0 <= d.dim < len(shape) or d.axis not in self.mesh:
+            return False
+        s = self.sharding(state, d.value)
+        if any(d.axis in axes for axes in s):
+            return False
+        return shape[d.dim] % self.size(s[d.dim] + (d.axis,)) == 0
+
+    def apply(self, state: State, d: Decision) -> State | None:
+        """The state with `d` applied and propagated; None if `d` cannot apply."""
+        if not self.can_apply(state, d):
+            return None
+        return self._apply_group(state, [d])[0]
+
+    def apply_all(self, state: State, decisions: Iterable[Decision]) -> tuple[State, list]:
+        """Apply decisions priority by priority; return the state and the decisions that
+        could not apply (they conflict with earlier ones).
+
+        The decisions of one priority are set together and propagate together, breadth
+        first, so a value takes the sharding of the nearest decision whatever order the
+        decisions came in; a tie goes to the lower (value, dim, axis)."""
+        rejected: list[Decision] = []
+        groups: dict[int, list[Decision]] = {}
+        for d in sorted(set(decisions)):
+            groups.setdefault(d.priority, []).append(d)
+        for prio in sorted(groups):
+            state, bad = self._apply_group(state, groups[prio])
+            rejected += bad
+        return state, rejected
+
+    def _apply_group(self, state: State, group: list[Decision]) -> tuple[State, list]:
+        shardings = dict(state.shardings)
+        key = state._key
+        changed, rejected = [], []
+        for d in group:
+            tmp = State(shardings, state.frozen, key)
+            if not self.can_apply(tmp, d):
+                if not self._already(tmp, d):
+                    rejected.append(d)
+                continue
+            old = self.sharding(tmp, d.value)
+            new = tuple(axes + (d.axis,) if i == d.dim else axes for i, axes in enumerate(old))
+            key = self._set(shardings, key, d.value, old, new)
+            changed.append(d.value)
+        key = self._fixpoint(shardings, key, state.frozen, changed)
+        return State(shardings, state.frozen, key), rejected
+
+    def _already(self, state: State, d: Decision) -> bool:
+        s = self.sharding(state, d.value)
+        return 0 <= d.dim < len(s) and d.axis in s[d.dim]
+
+    # -- propagation ----------------------------------------------------------------
+    def _set(self, shardings, key, vid, old, new) -> int:
+        if any(new):
+            shardings[vid] = new
+        else:
+            shardings.pop(vid, None)
+        return _rekey(key, vid, old, new)
+
+    def _fixpoint(self, shardings, key, frozen, changed: list[int]) -> int:
+        pending: deque[int] = deque()
+        queued = set()
+        for v in changed:
+            for i in self.ops_of[v]:
+                if i not in queued:
+                    queued.add(i)
+                    pending.append(i)
+        while pending:
+            i = pending.popleft()
+            queued.discard(i)
+            for v, old, new in self._propagate_op(i, shardings, frozen):
+                key = _rekey(key, v, old, new)
+                for j in self.ops_of[v]:
+                    if j not in queued:
+                        queued.add(j)
+                        pending.append(j)
+        return key
+
+    def _propagate_op(self, i: int, shardings, frozen):
+        tensors = self.tensors[i]
+        sizes = self.sizes[i]
+        moves = self.moves[i]
+        mesh = self.mesh
+        factor_axes: dict[int, Axes] = {}
+        conflicts: set[int] = set()
+        for v, dims in tensors:
+            s = shardings.get(v)
+            if s is None:
+                continue
+            for d, fs in enumerate(dims):
+                if not s[d]:
+                    continue
+                for f, axes in split_axes(s[d], fs, sizes, mesh):
+                    if not moves[f]:
+                        continue
+                    cur = factor_axes.get(f)
+                    if cur is None or (len(axes) > len(cur) and axes[: len(cur)] == cur):
+                        factor_axes[f] = axes
+                    elif cur != axes and cur[: len(axes)] != axes:
+                        conflicts.add(f)
+        for f in conflicts:
+            factor_axes.pop(f, None)
+        if not factor_axes:
+            return []
+        updates = []
+        for v, dims in tensors:
+            if v in frozen:
+                continue
+            old = shardings.get(v) or ((),) * len(dims)
+            new = list(old)
+            shape = self.shapes[v]
+            for d, fs in enumerate(dims):
+                target = join_axes(fs, factor_axes, sizes, mesh)
+                cur = new[d]
+                if len(target) <= len(cur) or target[: len(cur)] != cur:
+                    continue
+                used = {a for axes in new for a in axes}
+                extra = target[len(cur) :]
+                for k in range(len(extra), 0, -1):
+                    cand = cur + extra[:k]
+                    if any(a in used for a in extra[:k]):
+                        continue
+                    if shape[d] % math.prod(mesh[a] for a in cand) == 0:
+                        new[d] = cand
+                        break
+            new_t = tuple(new)
+            if new_t != old:
+                shardings[v] = new_t  # visible at once, should v appear twice in this op
+                updates.append((v, old, new_t))
+        return updates
+
+
+def split_axes(axes: Axes, factors: tuple[int, ...], sizes, mesh) -> list[tuple[int, Axes]]:
+    """Which axes of a dim land on which of its factors (major first).
+
+    An axis goes to the current factor while its size divides what is left of it; the
+    next factor is reached only once the current one is fully tiled.
+    """
+    if len(factors) == 1:
+        return [(factors[0], axes)]
+    out: list[tuple[int, Axes]] = []
+    k = 0
+    left = sizes[factors[0]]
+    cur: list[str] = []
+    for a in axes:
+        n = mesh[a]
+        while left == 1 and k + 1 < len(factors):
+            if cur:
+                out.append((factors[k], tuple(cur)))
+            k += 1
+            left = sizes[factors[k]]
+            cur = []
+        if left % n:
+            break
+        cur.append(a)
+        left //= n
+    if cur:
+        out.append((factors[k], tuple(cur)))
+    return out
+
+
+def join_axes(factors: tuple[int, ...], factor_axes: dict[int, Axes], sizes, mesh) -> Axes:
+    """The axes a dim gets from its factors: a minor factor counts only after every more
+    major factor is fully tiled (otherwise the tiles would not be contiguous)."""
+    if len(factors) == 1:
+        return factor_axes.get(factors[0], ())
+    out: Axes = ()
+    for f in factors:
+        axes = factor_axes.get(f, ())
+        if not axes:
+            if sizes[f] == 1:
+                continue
+            break
+        out += axes
+        if math.prod(mesh[a] for a in axes) != sizes[f]:
+            break
+    return out

@@ -1,0 +1,121 @@
+"""PartitionSpecs, partir shardings and path globs.
+
+A partir sharding is a tuple with one tuple of mesh axes per dim (major first); a
+`PartitionSpec` entry is None, an axis name, or a tuple of names. Globs match `/`-joined
+paths: `*` one element (or part of one, as in `w_*`), `**` any number of elements.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import math
+from collections.abc import Iterable, Mapping
+
+from jax.sharding import PartitionSpec
+
+from partir.ir.propagate import Sharding
+
+
+class PlanError(ValueError):
+    """A plan or spec that cannot apply to the program: the message names the place."""
+
+
+def to_sharding(spec: PartitionSpec | Iterable | None, rank: int) -> Sharding:
+    entries = tuple(spec) if spec is not None else ()
+    if len(entries) > rank:
+        raise PlanError(f"spec {spec} has {len(entries)} entries for a value of rank {rank}")
+    out = []
+    for e in entries + (None,) * (rank - len(entries)):
+        if e is None:
+            out.append(())
+        elif isinstance(e, str):
+            out.append((e,))
+        else:
+            out.append(tuple(e))
+    return tuple(out)
+
+
+def to_spec(sharding: Sharding) -> PartitionSpec:
+    entries = [None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
+               for axes in sharding]  # fmt: skip
+    return PartitionSpec(*entries)
+
+
+def spec_to_json(sharding: Sharding) -> list:
+    return [None if not axes else axes[0] if len(axes) == 1 else list(axes) for axes in sharding]
+
+
+def spec_from_json(entries: list) -> Sharding:
+    return to_sharding(PartitionSpec(*[tuple(e) if isinstance(e, list) else e
+                                       for e in entries]), len(entries))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _split(pattern: str) -> tuple[str, ...]:
+    return tuple(pattern.strip("/").split("/"))
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """Whether `path` matches `pattern` (`*` one element, `**` any number)."""
+    return _match(_split(pattern), tuple(path.split("/")))
+
+
+def _match(pat: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    if not pat:
+        return not parts
+    head, rest = pat[0], pat[1:]
+    if head == "**":
+        return any(_match(rest, parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and _match(rest, parts[1:])
+
+
+def resolve(
+    rules: Mapping[str, object], paths: Iterable[str], *, strict: bool = True
+) -> dict[str, object]:
+    """{path: value} for the paths some rule matches; the first matching rule wins.
+
+    With `strict`, a rule that matches no path is an error that names the closest paths.
+    """
+    paths = list(paths)
+    out: dict[str, object] = {}
+    hits = dict.fromkeys(rules, 0)
+    for path in paths:
+        for pattern, value in rules.items():
+            if pattern == path or glob_match(pattern, path):
+                out[path] = value
+                hits[pattern] += 1
+                break
+    if strict:
+        for pattern, n in hits.items():
+            if n == 0 and not any(glob_match(pattern, p) for p in paths):
+                raise PlanError(f"no input matches {pattern!r}{did_you_mean(pattern, paths)}")
+    return out
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_sharding(path: str, shape, sharding: Sharding, mesh: Mapping[str, int]) -> None:
+    """Raise PlanError unless every axis exists, appears once, and divides its dim."""
+    seen: set[str] = set()
+    for d, axes in enumerate(sharding):
+        for a in axes:
+            if a not in mesh:
+                raise PlanError(
+                    f"{path}: mesh axis {a!r} is not in the mesh {dict(mesh)}"
+                    f"{did_you_mean(a, mesh)}"
+                )
+            if a in seen:
+                raise PlanError(f"{path}: mesh axis {a!r} is used twice in {to_spec(sharding)}")
+            seen.add(a)
+        n = math.prod(mesh[a] for a in axes)
+        if shape[d] % n:
+            raise PlanError(
+                f"{path}: dim {d} of size {shape[d]} is not divisible by {n} "
+                f"(mesh axes {axes}); choose axes whose sizes divide it or leave it replicated"
+            )

@@ -1,0 +1,168 @@
+"""Run a plan: a `jax.jit` with the plan's input/output shardings and its internal
+shardings as `with_sharding_constraint`s, so XLA follows the plan instead of guessing.
+
+The goal's jaxpr is replayed equation by equation; every equation's outputs are found in
+the traced `Program` by the equation's position (the same keys `trace` recorded) and
+constrained to the plan's sharding of that value. Loops are rebuilt with `lax.scan`,
+`lax.while_loop` and `lax.switch` around replayed bodies, so their insides are
+constrained too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.extend as jex
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from partir.ir.program import INLINED_CALLS, _open
+from partir.ir.specs import to_spec
+
+
+def make_mesh(axes: dict[str, int], devices: Sequence[Any] | None = None) -> Mesh:
+    """A mesh of `axes` with Auto axis types over the first devices."""
+    n = 1
+    for s in axes.values():
+        n *= s
+    devices = list(devices if devices is not None else jax.devices())
+    if len(devices) < n:
+        raise ValueError(
+            f"the mesh {axes} needs {n} devices but JAX sees {len(devices)}; on a CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts"
+        )
+    return jax.make_mesh(
+        tuple(axes.values()),
+        tuple(axes),
+        axis_types=(AxisType.Auto,) * len(axes),
+        devices=devices[:n],
+    )
+
+
+def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain: bool = True):
+    goal = plan.goal
+    if goal is None:
+        raise ValueError("this plan has no goal (it was read from JSON alone); pass goal=")
+    prog = goal.program
+    mesh = mesh or make_mesh(goal.mesh)
+
+    def named(sharding) -> NamedSharding:
+        return NamedSharding(mesh, to_spec(sharding))
+
+    in_flat = [named(plan.in_shardings[p]) for p in prog.inputs]
+    out_flat = [named(plan.out_shardings[p]) for p in prog.outputs]
+    in_shardings = jax.tree_util.tree_unflatten(prog.in_tree, in_flat)
+    out_shardings = jax.tree_util.tree_unflatten(prog.out_tree, out_flat)
+    value_spec: Callable[[int], PartitionSpec] = lambda v: to_spec(plan.value_sharding(v))  # noqa: E731
+
+    def fn(*args):
+        flat = jax.tree_util.tree_leaves(args)
+        closed = prog.jaxpr
+        outs = _Replay(prog.eqn_outputs, mesh, value_spec if constrain else None).run(
+            closed.jaxpr, closed.consts, flat, ()
+        )
+        return jax.tree_util.tree_unflatten(prog.out_tree, outs)
+
+    donate_argnums = ()
+    if donate:
+        carried = {p.split("/", 1)[0] for p in prog.carried.values()}
+        donate_argnums = tuple(i for i, n in enumerate(prog.arg_names) if n in carried)
+    return jax.jit(
+        fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums
+    )
+
+
+class _Replay:
+    def __init__(self, eqn_outputs, mesh, value_spec) -> None:
+        self.eqn_outputs = eqn_outputs
+        self.mesh = mesh
+        self.value_spec = value_spec
+
+    def constrain(self, key: tuple, outs: list) -> list:
+        if self.value_spec is None:
+            return outs
+        vids = self.eqn_outputs.get(key)
+        if vids is None:
+            return outs
+        res = []
+        for x, v in zip(outs, vids):
+            if getattr(x, "ndim", 0) >= 1 and not jax.dtypes.issubdtype(
+                x.dtype, jax.dtypes.extended
+            ):
+                x = jax.lax.with_sharding_constraint(
+                    x, NamedSharding(self.mesh, self.value_spec(v))
+                )
+            res.append(x)
+        return res
+
+    def run(self, jaxpr, consts, args, prefix: tuple) -> list:
+        env: dict = {}
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = c
+        for var, a in zip(jaxpr.invars, args):
+            env[var] = a
+
+        def read(atom):
+            return atom.val if isinstance(atom, jex.core.Literal) else env[atom]
+
+        for n, eqn in enumerate(jaxpr.eqns):
+            key = prefix + (n,)
+            ins = [read(a) for a in eqn.invars]
+            outs = self.equation(eqn, ins, key)
+            if not isinstance(outs, list | tuple):
+                outs = [outs]
+            outs = self.constrain(key, list(outs))
+            for var, x in zip(eqn.outvars, outs):
+                env[var] = x
+        return [read(a) for a in jaxpr.outvars]
+
+    def equation(self, eqn, ins, key):
+        name = eqn.primitive.name
+        p = eqn.params
+        if name in INLINED_CALLS:
+            inner = p.get(INLINED_CALLS[name])
+            if inner is None:
+                inner = next(iter(jex.core.jaxprs_in_params(p)), None)
+            if inner is not None:
+                jaxpr, consts = _open(inner)
+                return self.run(jaxpr, consts, ins, key)
+        if name == "scan":
+            jaxpr, consts = _open(p["jaxpr"])
+            nc, nk = p["num_consts"], p["num_carry"]
+            c, init, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
+
+            def body(carry, x):
+                outs = self.run(jaxpr, consts, list(c) + list(carry) + list(x), key + ("body",))
+                return outs[:nk], outs[nk:]
+
+            carry, ys = jax.lax.scan(
+                body, list(init), list(xs), length=p["length"], reverse=p["reverse"],
+                unroll=p["unroll"],
+            )  # fmt: skip
+            return list(carry) + list(ys)
+        if name == "while":
+            cj, cc = _open(p["cond_jaxpr"])
+            bj, bc = _open(p["body_jaxpr"])
+            nc, nb = p["cond_nconsts"], p["body_nconsts"]
+            cconsts, bconsts, init = ins[:nc], ins[nc : nc + nb], ins[nc + nb :]
+
+            def cond_fun(carry):
+                return self.run(cj, cc, list(cconsts) + list(carry), key + ("cond",))[0]
+
+            def body_fun(carry):
+                return self.run(bj, bc, list(bconsts) + list(carry), key + ("body",))
+
+            return list(jax.lax.while_loop(cond_fun, body_fun, list(init)))
+        if name == "cond":
+            branches = []
+            for b, br in enumerate(p["branches"]):
+                jaxpr, consts = _open(br)
+
+                def run_branch(*ops, _j=jaxpr, _c=consts, _b=b):
+                    return self.run(_j, _c, list(ops), key + (_b,))
+
+                branches.append(run_branch)
+            return list(jax.lax.switch(ins[0], branches, *ins[1:]))
+        out = eqn.primitive.bind(*ins, **p)
+        return list(out) if eqn.primitive.multiple_results else [out]
