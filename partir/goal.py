@@ -61,6 +61,7 @@ class Goal:
         data_inputs: Sequence[str] | None = None,
         donate: bool = False,
         filename: str | None = None,
+        notes: Sequence[str] = (),
     ) -> None:
         self.fn = program
         self.args = tuple(args)
@@ -78,6 +79,7 @@ class Goal:
         self.data_inputs = list(data_inputs) if data_inputs is not None else None
         self.donate = donate
         self.filename = filename
+        self.notes = list(notes)  # things a report should tell the user (an unused axis...)
 
     @property
     def num_devices(self) -> int:
