@@ -158,6 +158,7 @@ class CostModel:
         self.bandwidth = device.axis_bandwidths(self.mesh)
         self._memo: dict[tuple, OpCost] = {}
         self._init_liveness(donate)
+        self.free = recomputable_values(self.program)
 
     # -- memory -----------------------------------------------------------------------
     def _init_liveness(self, donate: bool) -> None:
@@ -261,8 +262,9 @@ class CostModel:
             item = self.program.values[v].itemsize
             want = tuple(join_axes(fs, fa, rule.sizes, mesh) for fs in dims)
             if t < n_in:
-                reuse = (v, s, want)
-                colls += [c + (reuse,) for c in reshard(shape, item, s, want, mesh)]
+                if v not in self.free:
+                    reuse = (v, s, want)
+                    colls += [c + (reuse,) for c in reshard(shape, item, s, want, mesh)]
                 nbytes += local_size(shape, want, mesh) * item
             else:
                 cur = want
@@ -371,6 +373,23 @@ def _source(op) -> str:
     if op.primitive == "_link":
         return f"{op.params['kind']} link (op {op.index})"
     return f"{op.primitive} (op {op.index}){where}"
+
+
+def recomputable_values(program: Program) -> set[int]:
+    """Values any device can make in any sharding without communication: constants
+    broadcast from scalars, iotas, and pointwise ops of those (XLA rematerialises them
+    rather than moving them)."""
+    free: set[int] = set()
+    vals = program.values
+    for op in program.ops:
+        ins = [v for v in op.inputs if v is not None]
+        if (
+            op.primitive == "iota"
+            or (op.primitive == "broadcast_in_dim" and all(vals[v].rank == 0 for v in ins))
+            or (op.primitive in ("convert_element_type", "copy") and ins and ins[0] in free)
+        ):
+            free.update(op.outputs)
+    return free
 
 
 def local_size(shape, sharding: Sharding, mesh: Mapping[str, int]) -> int:

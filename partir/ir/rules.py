@@ -103,16 +103,17 @@ class Builder:
             self.res_dims[i][d].append(f)
         return f
 
-    def build(self, reduce_op: str = "sum") -> Rule:
+    def build(self, reduce_op: str = "sum", unmapped: Kind = Kind.REPLICATE) -> Rule:
+        """The rule; each dim no factor maps gets a factor of kind `unmapped` of its own."""
         for dims, shape in zip(self.op_dims, self.ins):
             if dims is not None:
                 for d, fs in enumerate(dims):
                     if not fs:
-                        fs.append(self.factor(shape[d], Kind.REPLICATE))
+                        fs.append(self.factor(shape[d], unmapped))
         for dims, shape in zip(self.res_dims, self.outs):
             for d, fs in enumerate(dims):
                 if not fs:
-                    fs.append(self.factor(shape[d], Kind.REPLICATE))
+                    fs.append(self.factor(shape[d], unmapped))
         return Rule(
             operands=tuple(None if d is None else tuple(tuple(x) for x in d) for d in self.op_dims),
             results=tuple(tuple(tuple(x) for x in d) for d in self.res_dims),
@@ -283,7 +284,7 @@ def _concatenate(ins, outs, params) -> Rule:
     for d, size in enumerate(outs[0]):
         if d != dim:
             b.factor(size, operands={i: d for i in range(len(ins))}, results={0: d})
-    return b.build()
+    return b.build(unmapped=Kind.PERMUTE)
 
 
 def _split(ins, outs, params) -> Rule:
@@ -292,7 +293,7 @@ def _split(ins, outs, params) -> Rule:
     for d, size in enumerate(ins[0]):
         if d != axis:
             b.factor(size, operands={0: d}, results={i: d for i in range(len(outs))})
-    return b.build()
+    return b.build(unmapped=Kind.PERMUTE)
 
 
 def _same_size_dims(ins, outs, params) -> Rule:
@@ -309,7 +310,7 @@ def _same_size_dims(ins, outs, params) -> Rule:
             same = False
         if same:
             b.factor(size, operands={0: d}, results={0: d})
-    return b.build()
+    return b.build(unmapped=Kind.PERMUTE)
 
 
 def _dynamic_update_slice(ins, outs, params) -> Rule:
@@ -320,7 +321,7 @@ def _dynamic_update_slice(ins, outs, params) -> Rule:
             b.factor(size, operands={0: d, 1: d}, results={0: d})
         else:
             b.factor(size, operands={0: d}, results={0: d})
-    return b.build()
+    return b.build(unmapped=Kind.PERMUTE)
 
 
 def _squeeze(ins, outs, params) -> Rule:
@@ -475,7 +476,11 @@ def _window(ins, outs, params) -> Rule:
 
 
 def _top_k(ins, outs, params) -> Rule:
-    return _along_axis("axis")(ins, outs, {"axis": -1})
+    """top_k along the last dim: that dim stays whole (the results have k of it)."""
+    b = Builder(ins, outs)
+    for d, size in enumerate(ins[0][:-1]):
+        b.factor(size, operands={0: d}, results={i: d for i in range(len(outs))})
+    return b.build()
 
 
 def _iota(ins, outs, params) -> Rule:
@@ -682,6 +687,7 @@ def rule_for(
         return conservative(ins, outs, params)
     try:
         rule = builder(ins, outs, params)
+        _check(rule, ins, outs)
     except Exception as err:  # a rule that cannot read these params: stay safe, say so
         key = f"{primitive}:{type(err).__name__}"
         if key not in _warned:
@@ -692,7 +698,6 @@ def rule_for(
                 stacklevel=2,
             )
         return conservative(ins, outs, params)
-    _check(rule, ins, outs)
     return rule
 
 
@@ -702,7 +707,8 @@ def _check(rule: Rule, ins: Sequence[Shape | None], outs: Sequence[Shape]) -> No
             if t is None or shape is None:
                 continue
             for d, fs in enumerate(t):
-                assert math.prod(rule.sizes[f] for f in fs) == shape[d], (rule, shape, d)
+                if math.prod(rule.sizes[f] for f in fs) != shape[d]:
+                    raise ValueError(f"factors of dim {d} do not multiply to {shape[d]}")
 
 
 class UnknownPrimitiveWarning(UserWarning):

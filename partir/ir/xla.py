@@ -50,7 +50,7 @@ KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective
 # reduce-scatter -> all-reduce: XLA:CPU has no pass that turns "all-reduce followed by a
 # dynamic-slice of this device's shard" into a reduce-scatter (TPU/GPU builds run
 # ReduceScatterCreator). So a plan whose gradients partir predicts as reduce-scatters (ZeRO /
-# FSDP style) comes out of XLA:CPU as all-reduce + slice (checked: /work/shared/JAX_NOTES.md,
+# FSDP style) comes out of XLA:CPU as all-reduce + slice (checked on jaxlib 0.10:
 # "XLA:CPU does not turn all-reduce + dynamic-slice into reduce-scatter"). By partir's byte
 # convention a reduce-scatter is counted by its operand, which is exactly the all-reduce's
 # operand, so the bytes carry over unchanged. An explicit `lax.psum_scatter` does still appear as

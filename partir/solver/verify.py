@@ -1,0 +1,80 @@
+"""Hold a plan's predicted cost against what XLA compiles for it on fake CPU devices."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from partir.ir.cost import KINDS, fmt_bytes
+from partir.ir.xla import CompiledStats, as_cpu_kinds, stats_of_compiled
+
+# Collective bytes per kind must agree within this ratio; argument bytes exactly.
+COLLECTIVE_TOLERANCE = 0.05
+
+
+@dataclasses.dataclass
+class VerifyRow:
+    what: str
+    predicted: int
+    compiled: int
+    ok: bool
+
+    @property
+    def ratio(self) -> float | None:
+        return self.predicted / self.compiled if self.compiled else None
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    """Predicted against compiled, per collective kind (as XLA:CPU lowers them) and for
+    argument and peak memory. `ok` covers collectives and argument bytes; peak memory is
+    an estimate, reported but not held to a tolerance."""
+
+    predicted: dict[str, int]
+    compiled: dict[str, int]
+    rows: list[VerifyRow]
+    stats: CompiledStats
+    ok: bool
+
+    def __str__(self) -> str:
+        lines = [f"{'':<22}{'predicted':>14}{'XLA':>14}{'ratio':>8}"]
+        for r in self.rows:
+            ratio = f"{r.ratio:.3f}" if r.ratio is not None else ("1.000" if r.ok else "-")
+            mark = "" if r.ok else "  MISMATCH"
+            lines.append(
+                f"{r.what:<22}{fmt_bytes(r.predicted):>14}{fmt_bytes(r.compiled):>14}"
+                f"{ratio:>8}{mark}"
+            )
+        lines.append("ok" if self.ok else "mismatch beyond tolerance")
+        return "\n".join(lines)
+
+
+def close(a: float, b: float, tol: float = COLLECTIVE_TOLERANCE) -> bool:
+    if a == b:
+        return True
+    return abs(a - b) <= tol * max(abs(a), abs(b))
+
+
+def verify(goal, plan, *, mesh=None) -> VerifyReport:
+    """Compile `plan` for `goal` with XLA (abstract args: nothing is allocated) and compare
+    its collectives and memory with the cost model's prediction."""
+    step = plan.jit(mesh)
+    compiled = step.lower(*goal.args).compile()
+    stats = stats_of_compiled(compiled)
+    cost = plan.cost
+    predicted = as_cpu_kinds(cost.bytes_by_kind())
+    measured = as_cpu_kinds(stats.bytes_by_kind())
+    rows = [
+        VerifyRow(kind, predicted[kind], measured[kind], close(predicted[kind], measured[kind]))
+        for kind in KINDS
+        if predicted[kind] or measured[kind]
+    ]
+    rows.append(
+        VerifyRow(
+            "argument memory",
+            cost.argument_bytes,
+            stats.argument_bytes,
+            cost.argument_bytes == stats.argument_bytes,
+        )  # fmt: skip
+    )
+    rows.append(VerifyRow("peak memory (est.)", cost.peak_memory_bytes, stats.peak_bytes, True))
+    return VerifyReport(predicted, measured, rows, stats, all(r.ok for r in rows))

@@ -1,0 +1,181 @@
+"""Expert plans: sharding rules written the way people write them today.
+
+Each plan is a schedule of rule lists ({path glob: PartitionSpec}, first match wins), the
+shape of MaxText's or Flax's partition rules, applied in order (batch first, then model
+parallelism, then ZeRO). `**/attn/q` covers a parameter and its optimizer moments alike.
+`experts(goal)` costs the ones that apply to a goal's program and mesh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from jax.sharding import PartitionSpec as P
+
+from partir.goal import Goal
+from partir.ir.specs import PlanError, glob_match
+from partir.solver.plan import Plan, make_plan
+
+Rules = dict[str, P]
+Schedule = list[Rules]
+
+# Megatron (Shoeybi et al. 2019): column-parallel q/k/v (by heads) and MLP-in, row-parallel
+# o and MLP-out; layer norms, embeddings and biases after a row-parallel op replicated.
+MEGATRON = {
+    "**/attn/q": P(None, "{m}"),
+    "**/attn/k": P(None, "{m}"),
+    "**/attn/v": P(None, "{m}"),
+    "**/attn/o": P("{m}"),
+    "**/mlp/w_in": P(None, "{m}"),
+    "**/mlp/b_in": P("{m}"),
+    "**/mlp/w_out": P("{m}"),
+}
+MLP_MEGATRON = {  # alternate column / row parallel layers of a deep MLP
+    "**/layers/{even}/w": P(None, "{m}"),
+    "**/layers/{even}/b": P("{m}"),
+    "**/layers/{odd}/w": P("{m}"),
+}
+EXPERTS = {"**/moe/w_in": P("{m}"), "**/moe/w_out": P("{m}"), "**/moe/b_in": P("{m}")}
+EMBEDDING = {"**/embed": P("{m}")}
+
+
+def _fill(rules: dict, **names: str) -> Rules:
+    def sub(e):
+        if e is None:
+            return None
+        return e.format(**names)
+
+    return {k.format(**names): P(*[sub(e) for e in spec]) for k, spec in rules.items()}
+
+
+def _state_paths(goal: Goal) -> list[str]:
+    return sorted(set(goal.program.carried.values()))
+
+
+def _data_paths(goal: Goal) -> list[str]:
+    state = set(_state_paths(goal))
+    return [p for p in goal.program.inputs if p not in state]
+
+
+def batch_rules(goal: Goal, axis: str, paths: list[str] | None = None) -> Rules:
+    """Data inputs tiled along dim 0 (the zoo's batch dim), where the axis divides it."""
+    prog = goal.program
+    n = goal.mesh[axis]
+    out = {}
+    for path in paths if paths is not None else _data_paths(goal):
+        shape = prog.values[prog.inputs[path]].shape
+        if shape and shape[0] % n == 0:
+            out[path] = P(axis)
+    if not out:
+        raise PlanError(f"no data input has a leading dim that {axis!r} ({n}) divides")
+    return out
+
+
+def zero_rules(goal: Goal, axis: str, *, params: bool, taken: Schedule = ()) -> Rules:
+    """ZeRO: optimizer state (and with `params`, parameters) tiled on `axis` along their
+    largest dim that the axis divides and that earlier stages left whole."""
+    prog = goal.program
+    n = goal.mesh[axis]
+    out = {}
+    for path in _state_paths(goal):
+        head = path.split("/", 1)[0]
+        if head == "params" and not params:
+            continue
+        shape = prog.values[prog.inputs[path]].shape
+        used = set()
+        for stage in taken:
+            for pattern, spec in stage.items():
+                if pattern == path or glob_match(pattern, path):
+                    used |= {d for d, e in enumerate(spec) if e is not None}
+                    break
+        dims = [d for d in range(len(shape)) if d not in used and shape[d] % n == 0]
+        if dims:
+            d = max(dims, key=lambda d: (shape[d], -d))
+            out[path] = P(*([None] * d + [axis]))
+    return out
+
+
+def _family(goal: Goal) -> str:
+    paths = list(goal.program.inputs)
+    has = lambda pattern: any(glob_match(pattern, p) for p in paths)  # noqa: E731
+    if has("**/moe/w_in"):
+        return "moe"
+    if has("**/attn/q"):
+        return "transformer"
+    if has("**/senders"):
+        return "graph"
+    if has("**/images"):
+        return "conv"
+    return "mlp"
+
+
+def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
+    """Name -> schedule builder, for the expert plans of the goal's model family and mesh.
+    The first mesh axis is the data axis; the second (if any) the model axis."""
+    axes = list(goal.mesh)
+    data = axes[0]
+    model = axes[1] if len(axes) > 1 else None
+    family = _family(goal)
+    plans: dict[str, Callable[[], Schedule]] = {}
+    bp = lambda: batch_rules(goal, data)  # noqa: E731
+
+    if family == "graph":
+        prog = goal.program
+        edge = [p for p in _data_paths(goal) if any(k in p for k in ("edges", "senders",
+                                                                    "receivers"))]  # fmt: skip
+        node = [p for p in _data_paths(goal) if p not in edge]
+        plans["EDGE"] = lambda: [batch_rules(goal, data, edge)]
+        plans["NODE"] = lambda: [batch_rules(goal, data, node)]
+        plans["EDGE+Z3"] = lambda: [batch_rules(goal, data, edge),
+                                    zero_rules(goal, data, params=True)]  # fmt: skip
+        del prog
+    else:
+        plans["BP"] = lambda: [bp()]
+        plans["Z1"] = lambda: [bp(), zero_rules(goal, data, params=False)]
+        plans["Z2"] = lambda: [bp(), zero_rules(goal, data, params=False)]
+        plans["Z3"] = lambda: [bp(), zero_rules(goal, data, params=True)]
+    if family in ("transformer", "moe", "mlp") and model:
+        mp = _fill(MLP_MEGATRON if family == "mlp" else MEGATRON, m=model,
+                   even="{0,2,4,6,8}", odd="{1,3,5,7,9}")  # fmt: skip
+        if family == "mlp":
+            mp = _mlp_megatron(goal, model)
+        plans["MP"] = lambda: [mp]
+        plans["BP+MP"] = lambda: [bp(), mp]
+        plans["BP+MP+Z3"] = lambda: [bp(), mp, zero_rules(goal, data, params=True,
+                                                          taken=[mp])]  # fmt: skip
+        if family != "mlp":
+            plans["BP+EMB"] = lambda: [bp(), _fill(EMBEDDING, m=model)]
+    if family == "moe":
+        ep_axis = model or data
+        plans["EP"] = lambda: [bp(), _fill(EXPERTS, m=ep_axis)] if model else [
+            _fill(EXPERTS, m=ep_axis)]  # fmt: skip
+    return plans
+
+
+def _mlp_megatron(goal: Goal, model: str) -> Rules:
+    out: Rules = {}
+    for path in goal.program.inputs:
+        parts = path.split("/")
+        if "layers" in parts and parts[-1] in ("w", "b"):
+            i = int(parts[parts.index("layers") + 1])
+            col = i % 2 == 0
+            if parts[-1] == "w":
+                out[path] = P(None, model) if col else P(model)
+            elif col:
+                out[path] = P(model)
+    return out
+
+
+def expert_plans(goal: Goal) -> dict[str, Plan]:
+    """The expert plans that apply to `goal` (rules that fit its shapes and mesh), costed."""
+    out = {}
+    for name, build in expert_schedules(goal).items():
+        try:
+            out[name] = make_plan(goal, build())
+        except PlanError:
+            continue
+    return out
+
+
+def replicated_plan(goal: Goal) -> Plan:
+    return make_plan(goal, {})

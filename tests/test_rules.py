@@ -1,0 +1,132 @@
+"""Golden tests: each rule printed in factor notation, as Shardy's registry tests do."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from partir.ir.program import trace
+from partir.ir.propagate import attach_rules
+from partir.ir.rules import RULES, UnknownPrimitiveWarning, rule_for
+
+S = jax.ShapeDtypeStruct
+f32 = jnp.float32
+
+
+def rules_of(fn, *args) -> list[str]:
+    prog = trace(fn, args)
+    attach_rules(prog)
+    return [f"{op.primitive} {op.rule}" for op in prog.ops]
+
+
+def test_table_is_alphabetical():
+    assert list(RULES) == sorted(RULES)
+
+
+@pytest.mark.parametrize(
+    "fn, args, expected",
+    [
+        (
+            lambda x, w: jnp.einsum("bsd,dhk->bshk", x, w),
+            (S((2, 4, 8), f32), S((8, 3, 5), f32)),
+            "dot_general ([i, j, m], [m, k, l])->([i, j, k, l]) {i=2, j=4, k=3, l=5, m=8} "
+            "reduction={m}",
+        ),
+        (
+            lambda x: jnp.transpose(x, (1, 0, 2)),
+            (S((4, 8, 2), f32),),
+            "transpose ([j, i, k])->([i, j, k]) {i=8, j=4, k=2}",
+        ),
+        (
+            lambda x: x.reshape(4, 2, 4),
+            (S((4, 8), f32),),
+            "reshape ([i, jk])->([i, j, k]) {i=4, j=2, k=4}",
+        ),
+        (
+            lambda x: x.reshape(8, 4),
+            (S((4, 2, 4), f32),),
+            "reshape ([i, j, k])->([ij, k]) {i=4, j=2, k=4}",
+        ),
+        (
+            lambda x: jnp.cumsum(x, 1),
+            (S((2, 8), f32),),
+            "cumsum ([i, j])->([i, j]) {i=2, j=8} need-replication={j}",
+        ),
+        (
+            lambda x: jnp.argmax(x, 1),
+            (S((4, 8), f32),),
+            "argmax ([i, j])->([i]) {i=4, j=8} need-replication={j}",
+        ),
+        (
+            lambda x: jnp.concatenate([x, x], 1),
+            (S((4, 8), f32),),
+            "concatenate ([i, j], [i, k])->([i, l]) {i=4, j=8, k=8, l=16} permutation={j, k, l}",
+        ),
+        (
+            lambda x: jax.lax.top_k(x, 2),
+            (S((4, 8), f32),),
+            "top_k ([i, j])->([i, k], [i, l]) {i=4, j=8, k=2, l=2} need-replication={j, k, l}",
+        ),
+        (
+            lambda x, k: jax.lax.conv_general_dilated(
+                x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            ),
+            (S((2, 8, 8, 3), f32), S((3, 3, 3, 4), f32)),
+            "conv_general_dilated ([i, l, m, k], [n, o, k, j])->([i, p, q, j]) "
+            "{i=2, j=4, k=3, l=8, m=8, n=3, o=3, p=8, q=8} reduction={k} "
+            "need-replication={l, m, n, o, p, q}",
+        ),
+    ],
+)
+def test_golden_rule(fn, args, expected):
+    assert expected in rules_of(fn, *args)
+
+
+def test_embedding_lookup_is_a_reduction_over_the_vocabulary():
+    rules = rules_of(lambda e, i: e[i], S((16, 8), f32), S((2, 3), jnp.int32))
+    assert (
+        "gather ([l, k], [i, j, m])->([i, j, k]) {i=2, j=3, k=8, l=16, m=1} reduction={l} "
+        "need-replication={m}" in rules
+    )
+
+
+def test_embedding_gradient_scatter_add():
+    rules = rules_of(
+        lambda z, i, u: z.at[i].add(u), S((16, 8), f32), S((5,), jnp.int32), S((5, 8), f32)
+    )
+    assert (
+        "scatter-add ([j, i], [k, l], [k, i])->([j, i]) {i=8, j=16, k=5, l=1} reduction={k} "
+        "need-replication={l}" in rules
+    )
+
+
+def test_pointwise_broadcast_of_size_one_dims():
+    rules = rules_of(lambda x, b: x + b[None, :], S((4, 8), f32), S((8,), f32))
+    assert "add ([i, j], [k, j])->([i, j]) {i=4, j=8, k=1} need-replication={k}" in rules
+
+
+def test_unknown_primitive_is_conservative_and_warns_once():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r1 = rule_for("made_up_primitive", [(4, 8)], [(4, 8)], {})
+        r2 = rule_for("made_up_primitive", [(4, 8)], [(4, 8)], {})
+    assert (
+        str(r1)
+        == str(r2)
+        == ("([i, j])->([k, l]) {i=4, j=8, k=4, l=8} need-replication={i, j, k, l}")
+    )
+    msgs = [str(w.message) for w in caught if issubclass(w.category, UnknownPrimitiveWarning)]
+    assert msgs == ["primitive 'made_up_primitive' has no sharding rule; it is kept replicated"]
+
+
+def test_every_zoo_primitive_has_a_rule():
+    listed = """abs add add_any and argmax broadcast_in_dim concatenate convert_element_type copy
+    cumsum div dot_general eq erfc exp gather ge gt integer_pow iota is_finite log lt max mul
+    neg pow reduce_max reduce_sum reshape rsqrt scatter-add select_n sign split sqrt square
+    stop_gradient sub tanh transpose conv_general_dilated reduce_min reduce_prod reduce_and
+    reduce_or argmin cumprod cummax dynamic_slice dynamic_update_slice pad slice rev squeeze
+    expand_dims select_and_scatter_add reduce_window_sum reduce_window_max sort top_k clamp rem
+    floor ceil round logistic erf erf_inv expm1 log1p random_bits random_wrap random_unwrap
+    random_fold_in threefry2x32 scatter bitcast_convert_type shift_right_logical""".split()
+    assert [p for p in listed if p not in RULES] == []
