@@ -1,0 +1,116 @@
+"""The action space, from compiler analysis of the program.
+
+Inputs that must share a sharding form one group, and tiling a group along one dim is one
+action: a parameter with its optimizer moments (same path tail, same shape), and the same
+weight in every repeated layer (the path with layer indices as `*`, same shape; a scanned
+layer stack is one input already). Data inputs (those that are not carried state) are
+grouped the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from partir.goal import Goal
+from partir.ir.propagate import Decision, Propagator, State
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Inputs tiled together: `params` (parameters) and `moments` (optimizer state), or
+    `data` inputs. `name` is the shared path pattern."""
+
+    name: str
+    shape: tuple[int, ...]
+    params: tuple[int, ...] = ()
+    moments: tuple[int, ...] = ()
+    data: tuple[int, ...] = ()
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return self.params + self.moments + self.data
+
+    @property
+    def nbytes_hint(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * len(self.members)
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """Tile `values` along `dim` on the axis being searched."""
+
+    group: str
+    dim: int
+    values: tuple[int, ...]
+
+    def decisions(self, axis: str, priority: int) -> list[Decision]:
+        return [Decision(priority, v, self.dim, axis) for v in self.values]
+
+    def __str__(self) -> str:
+        return f"{self.group} dim {self.dim}"
+
+
+_INDEX = re.compile(r"(?<=/)\d+(?=/|$)")
+
+
+def layer_pattern(tail: str) -> str:
+    """`layers/3/attn/q` -> `layers/*/attn/q`: repeated layers share one pattern."""
+    return _INDEX.sub("*", "/" + tail)[1:]
+
+
+def find_groups(goal: Goal) -> list[Group]:
+    """Group the program's inputs (see the module docstring), in input order."""
+    prog = goal.program
+    carried = set(prog.carried.values())
+    param_tails = {}
+    for path, vid in prog.inputs.items():
+        if path in carried and path.split("/", 1)[0] == "params":
+            param_tails[path.split("/", 1)[1]] = vid
+    keyed: dict[tuple, dict[str, list[int]]] = {}
+    names: dict[tuple, str] = {}
+    for path, vid in prog.inputs.items():
+        shape = prog.values[vid].shape
+        head, _, tail = path.partition("/")
+        if path not in carried:
+            role, tail = "data", path
+        elif head == "params":
+            role = "params"
+        else:
+            role = "moments"
+            parts = tail.split("/")
+            # opt_state/0/mu/layers/3/w -> the longest suffix that names a parameter
+            for i in range(len(parts)):
+                if "/".join(parts[i:]) in param_tails:
+                    tail = "/".join(parts[i:])
+                    break
+        key = (role == "data", layer_pattern(tail), shape)
+        names.setdefault(key, layer_pattern(tail))
+        keyed.setdefault(key, {"params": [], "moments": [], "data": []})[role].append(vid)
+    return [
+        Group(names[k], k[2], tuple(m["params"]), tuple(m["moments"]), tuple(m["data"]))
+        for k, m in keyed.items()
+    ]
+
+
+def dims_that_divide(shape: tuple[int, ...], n: int) -> list[int]:
+    return [d for d, s in enumerate(shape) if s % n == 0 and s >= n and n > 1]
+
+
+def useful_actions(
+    prop: Propagator, root: State, actions: list[Action], axis: str, priority: int
+) -> list[Action]:
+    """Drop actions that cannot apply at `root`, change nothing, or reach the same
+    propagated state as an earlier action."""
+    seen = {hash(root)}
+    out = []
+    for a in actions:
+        state, rejected = prop.apply_all(root, a.decisions(axis, priority))
+        if rejected or state == root or hash(state) in seen:
+            continue
+        seen.add(hash(state))
+        out.append(a)
+    return out

@@ -1,0 +1,96 @@
+"""CP-SAT pruning of one axis's action space (ortools).
+
+Per group of inputs (the values an action tiles), one Boolean per action and one for
+"left whole" on this axis, exactly one true. Divisibility is already in the actions;
+an axis once per value holds because a group takes one action. Memory: the per-device
+argument bytes, a linear lower bound (each value divided by the axis if tiled, and by every
+later axis of the schedule at best), plus an activation estimate (the current activation
+memory divided by every axis still to come) must fit the limit.
+
+The pass removes every action that is part of no feasible assignment, finds the groups
+that every feasible assignment tiles (the search may not stop before it has tiled them),
+and when nothing is feasible says why with numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ortools.sat.python import cp_model
+
+from partir.goal import Goal
+from partir.ir.cost import fmt_bytes
+from partir.ir.propagate import State
+from partir.strategies.compile import AxisProblem, schedule_axes
+
+
+class InfeasibleMemory(ValueError):
+    """No assignment of the schedule fits the memory limit."""
+
+
+@dataclasses.dataclass
+class Pruned:
+    actions: list  # the actions kept
+    must_tile: list[tuple[int, ...]]  # groups (their value ids) every feasible plan tiles
+    removed: int
+
+
+SCALE = 1024  # CP-SAT works on integers: bytes in KiB, rounded so bounds stay sound
+
+
+def prune_actions(goal: Goal, state: State, problem: AxisProblem, priority: int) -> Pruned:
+    limit = goal.memory_limit
+    if limit is None or not problem.actions:
+        return Pruned(list(problem.actions), [], 0)
+    prop, model_ = goal.propagator, goal.cost_model
+    axes = schedule_axes(goal)
+    later = axes[axes.index(problem.axis) + 1 :]
+    n = goal.mesh[problem.axis]
+    rest = math.prod(goal.mesh[a] for a in later)
+    cost = model_.cost(state, detail=False)
+    activations = max(cost.peak_memory_bytes - cost.argument_bytes, 0) / (n * rest)
+    local = model_.local_bytes(state)
+    inputs = list(goal.program.inputs.values())
+
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, a in enumerate(problem.actions):
+        groups.setdefault(a.values, []).append(i)
+    in_group = {v for values in groups for v in values}
+    fixed = sum(local[v] for v in inputs if v not in in_group) / rest
+
+    m = cp_model.CpModel()
+    choice = {i: m.new_bool_var(f"a{i}") for i in range(len(problem.actions))}
+    whole = {g: m.new_bool_var(f"whole{k}") for k, g in enumerate(groups)}
+    terms = []
+    for g, idx in groups.items():
+        m.add_exactly_one([whole[g]] + [choice[i] for i in idx])
+        size = sum(local[v] for v in g) / rest
+        terms.append(math.floor(size / SCALE) * whole[g])
+        for i in idx:
+            terms.append(math.floor(size / n / SCALE) * choice[i])
+    budget = math.ceil((limit - fixed - activations) / SCALE)
+    m.add(sum(terms) <= budget)
+    smallest = fixed + activations + sum(sum(local[v] for v in g) / rest / n for g in groups)
+    if not _feasible(m):
+        raise InfeasibleMemory(
+            f"the smallest possible per-device memory is {fmt_bytes(smallest)}; the limit is "
+            f"{fmt_bytes(limit)} (arguments tiled on every axis of the schedule, activations "
+            "estimated); raise the limit, add mesh axes, or add zero/fsdp to the schedule"
+        )
+    kept = [a for i, a in enumerate(problem.actions) if _feasible(m, [choice[i]])]
+    must = [g for g in groups if not _feasible(m, [whole[g]])]
+    return Pruned(kept, must, len(problem.actions) - len(kept))
+
+
+def _feasible(m: cp_model.CpModel, assume: list | None = None) -> bool:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 5.0
+    solver.parameters.num_workers = 1
+    if assume:
+        m.clear_assumptions()
+        m.add_assumptions(assume)
+    status = solver.solve(m)
+    m.clear_assumptions()
+    # UNKNOWN (time limit) counts as feasible: pruning must never drop a feasible action
+    return status != cp_model.INFEASIBLE
