@@ -1,25 +1,32 @@
 """partir: find SPMD partitioning plans for JAX programs."""
 
-from partir import strategies as strategies
-from partir.goal import Goal as Goal
-from partir.goal import Search as Search
-from partir.ir.cost import Collective as Collective
-from partir.ir.cost import Cost as Cost
-from partir.ir.specs import PlanError as PlanError
-from partir.solver.plan import Plan as Plan
-from partir.solver.plan import evaluate as evaluate
+from partir import strategies
+from partir.dsl import GoalError, load_goal, load_goal_text
+from partir.goal import Goal, Search
+from partir.ir.cost import Collective, Cost
+from partir.ir.specs import PlanError
+from partir.solver.plan import Plan, evaluate
 from partir.solver.plan import make_plan as plan
-from partir.solver.verify import verify as verify
+from partir.solver.prune import InfeasibleMemory
+from partir.solver.search import solve
+from partir.solver.verify import verify
+from partir.strategies.experts import expert_plans as experts
 
 __all__ = [
     "Collective",
     "Cost",
     "Goal",
+    "GoalError",
+    "InfeasibleMemory",
     "Plan",
     "PlanError",
     "Search",
     "evaluate",
+    "experts",
+    "load_goal",
+    "load_goal_text",
     "plan",
+    "solve",
     "strategies",
     "verify",
 ]

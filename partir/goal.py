@@ -39,7 +39,7 @@ class Search:
     episodes: int | None = None
     seed: int = 0
     prune: str | None = "cpsat"
-    rollout: str = "greedy"
+    rollout: str = "random"
     patience: int = 200
     uct_c: float = 1.4
 

@@ -108,6 +108,7 @@ class Propagator:
             self.tensors.append(ts)
             self.sizes.append(rule.sizes)
             self.moves.append(tuple(k in (Kind.PASS, Kind.REDUCTION) for k in rule.kinds))
+        self._memo: dict[frozenset, dict] = {}
         self.ops_of: list[list[int]] = [[] for _ in program.values]
         for i, ts in enumerate(self.tensors):
             for v, _ in ts:
@@ -205,6 +206,22 @@ class Propagator:
         return key
 
     def _propagate_op(self, i: int, shardings, frozen):
+        """The (value, old, new) updates op `i` makes, applied to `shardings`. They depend
+        only on the shardings of the op's tensors, so they are memoised on those."""
+        tensors = self.tensors[i]
+        memo = self._memo.get(frozen)
+        if memo is None:
+            memo = self._memo[frozen] = {}
+        key = (i, tuple(shardings.get(v) for v, _ in tensors))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = tuple(self._propagate_op_uncached(i, shardings, frozen))
+        else:
+            for v, _, new in hit:
+                shardings[v] = new
+        return hit
+
+    def _propagate_op_uncached(self, i: int, shardings, frozen):
         tensors = self.tensors[i]
         sizes = self.sizes[i]
         moves = self.moves[i]

@@ -78,14 +78,23 @@ def resolve(
     With `strict`, a rule that matches no path is an error that names the closest paths.
     """
     paths = list(paths)
+    patterns = list(rules)
+    order = {pattern: k for k, pattern in enumerate(patterns)}
+    globs = [(k, p) for p, k in order.items() if any(c in p for c in "*?[")]
     out: dict[str, object] = {}
     hits = dict.fromkeys(rules, 0)
     for path in paths:
-        for pattern, value in rules.items():
-            if pattern == path or glob_match(pattern, path):
-                out[path] = value
-                hits[pattern] += 1
+        best = order.get(path, len(order))
+        for k, pattern in globs:
+            if k >= best:
                 break
+            if glob_match(pattern, path):
+                best = k
+                break
+        if best < len(order):
+            pattern = patterns[best]
+            out[path] = rules[pattern]
+            hits[pattern] += 1
     if strict:
         for pattern, n in hits.items():
             if n == 0 and not any(glob_match(pattern, p) for p in paths):

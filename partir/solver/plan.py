@@ -74,6 +74,62 @@ class Plan:
 
         return plan_jit(self, mesh, donate=donate, constrain=constrain)
 
+    def to_rules(self) -> list[tuple[str, PartitionSpec]]:
+        """An ordered partition-rule list, as hand-written Flax/T5X rules read: a parameter
+        and its optimizer moments that agree become one `**/<tail>` rule, repeated layers
+        that agree one `*` pattern, and a final `**` keeps the rest whole."""
+        from partir.solver.actions import layer_pattern
+
+        params = {p.split("/", 1)[1] for p in self.in_shardings if p.startswith("params/")}
+
+        def tail(path: str) -> str | None:
+            parts = path.split("/")
+            for i in range(1, len(parts)):
+                if "/".join(parts[i:]) in params:
+                    return "/".join(parts[i:])
+            return None
+
+        groups: dict[str, list[tuple[str, Sharding]]] = {}
+        for path, sharding in self.in_shardings.items():
+            t = tail(path)
+            key = "**/" + layer_pattern(t) if t else layer_pattern(path)
+            groups.setdefault(key, []).append((path, sharding))
+        rules: list[tuple[str, PartitionSpec]] = []
+        for key, members in groups.items():
+            if len({s for _, s in members}) == 1:
+                if any(members[0][1]):
+                    rules.append((key, to_spec(members[0][1])))
+                continue
+            by_layer: dict[str, list[tuple[str, Sharding]]] = {}
+            for path, s in members:
+                by_layer.setdefault(layer_pattern(path), []).append((path, s))
+            for pattern, ms in by_layer.items():
+                if len({s for _, s in ms}) == 1:
+                    if any(ms[0][1]):
+                        rules.append((pattern, to_spec(ms[0][1])))
+                else:
+                    rules += [(p, to_spec(s)) for p, s in ms if any(s)]
+        rules.append(("**", PartitionSpec()))
+        return rules
+
+    def rules_source(self, filename: str = "rules.py") -> str:
+        """`to_rules()` as a Python module (or JSON, for a `.json` filename)."""
+        rules = self.to_rules()
+        if filename.endswith(".json"):
+            return json.dumps([[p, list(spec)] for p, spec in rules], indent=1) + "\n"
+        lines = [
+            '"""Partition rules found by partir: the first pattern that matches a path wins."""',
+            "",
+            "from jax.sharding import PartitionSpec as P",
+            "",
+            "RULES = [",
+        ]
+        for pattern, spec in rules:
+            entries = ", ".join(repr(e) for e in spec)
+            lines.append(f"    ({pattern!r}, P({entries})),")
+        lines.append("]")
+        return "\n".join(lines) + "\n"
+
     # -- the plan file --------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps(

@@ -207,8 +207,8 @@ def solve(
         chosen = [
             str(a)
             for a in problem.actions
-            if all(axis in sum(prop.sharding(best.state, v), ()) for v in a.values)
-            and not all(axis in sum(prop.sharding(state, v), ()) for v in a.values)
+            if all(axis in prop.sharding(best.state, v)[a.dim] for v in a.values)
+            and not all(axis in prop.sharding(state, v)[a.dim] for v in a.values)
         ]
         records.append(
             AxisRecord(
@@ -227,6 +227,7 @@ def solve(
         if result.stop_reason == "interrupted":
             break
     state = finish(state)
+    seconds = time.perf_counter() - t0
     plan = Plan(goal, state, goal.cost_model.cost(state))
     if baselines:
         plan.baselines = {"replicated": replicated}
@@ -234,7 +235,7 @@ def solve(
     plan.search = {
         "seed": search.seed,
         "episodes": sum(r.episodes for r in records),
-        "seconds": time.perf_counter() - t0,
+        "seconds": seconds,
         "actions_before": sum(r.actions_before for r in records),
         "actions_after": sum(r.actions_after for r in records),
         "pruned": sum(r.pruned for r in records),

@@ -1,0 +1,86 @@
+"""Goal-file errors, written as `FILE:LINE:COL: error: MESSAGE`, the line, and a caret."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Pos:
+    """A place in a goal file: line and column, both 1-based."""
+
+    line: int = 1
+    column: int = 1
+
+    @classmethod
+    def of(cls, item: Any) -> Pos:
+        """The start of a lark Token or a tree's `meta` (with propagate_positions)."""
+        line = getattr(item, "line", None)
+        column = getattr(item, "column", None)
+        if not isinstance(line, int) or not isinstance(column, int) or line < 1 or column < 1:
+            return cls()
+        return cls(line, column)
+
+    def shifted(self, columns: int) -> Pos:
+        return Pos(self.line, self.column + columns)
+
+
+class GoalError(ValueError):
+    """An error in a goal file. `str()` is the whole report:
+
+    gpt.partir:10:5: error: unknown strategy 'megatorn'; did you mean 'megatron'?
+        megatorn
+        ^
+    """
+
+    def __init__(
+        self,
+        message: str,
+        filename: str = "<text>",
+        line: int = 1,
+        column: int = 1,
+        source_line: str = "",
+    ) -> None:
+        self.message = message
+        self.filename = filename
+        self.line = line
+        self.column = column
+        self.source_line = source_line
+        super().__init__(message, filename, line, column, source_line)
+
+    def __str__(self) -> str:
+        lead = "".join(c if c == "\t" else " " for c in self.source_line[: self.column - 1])
+        return (
+            f"{self.filename}:{self.line}:{self.column}: error: {self.message}\n"
+            f"{self.source_line}\n{lead}^"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A goal file's name and text, to turn a message and a `Pos` into a `GoalError`."""
+
+    filename: str
+    text: str
+
+    def line_text(self, line: int) -> str:
+        lines = self.text.split("\n")
+        return lines[line - 1].rstrip("\r") if 1 <= line <= len(lines) else ""
+
+    def error(self, pos: Pos, message: str) -> GoalError:
+        text = self.line_text(pos.line)
+        column = max(1, min(pos.column, len(text) + 1))
+        return GoalError(message, self.filename, pos.line, column, text)
+
+    def note(self, pos: Pos, message: str) -> str:
+        return f"{self.filename}:{pos.line}:{pos.column}: note: {message}"
+
+
+def one_of(words: Iterable[str], conj: str = "or") -> str:
+    """`a`, `a or b`, `a, b or c`."""
+    words = list(words)
+    if len(words) <= 1:
+        return "".join(words)
+    return f"{', '.join(words[:-1])} {conj} {words[-1]}"

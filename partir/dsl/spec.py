@@ -1,0 +1,632 @@
+"""`GoalSpec`: what a goal file says, checked, before anything named in it is imported."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+from partir.dsl.errors import GoalError, Pos, Source, one_of
+from partir.dsl.parser import (
+    Arg,
+    Call,
+    Field,
+    ListValue,
+    Num,
+    Statement,
+    Str,
+    Word,
+    parse_statements,
+)
+from partir.dsl.units import Quantity, UnitError, read
+from partir.goal import Search
+from partir.ir.devices import CATALOG as DEVICES
+from partir.ir.devices import Device
+from partir.ir.specs import did_you_mean
+from partir.strategies import CATALOG as STRATEGIES
+from partir.strategies import Replicate, Strategy, Tile, replicate, tile
+
+OBJECTIVES = ("time", "memory", "comm")
+PRUNERS = {"cpsat": "cpsat", "none": None}
+SEARCHES = ("mcts",)
+ROLLOUTS = ("greedy", "random")
+# statements that may appear once
+SINGLE = ("program", "inputs", "mesh", "device", "memory", "objective", "search", "prune")
+REQUIRED = {
+    "program": 'program "module:function"',
+    "inputs": 'inputs "module:function"(name=value, ...)',
+    "mesh": "mesh batch=8, model=8",
+}
+DEVICE_FIELDS = {  # field -> (kinds it takes, an example)
+    "hbm": (("size", "number"), "32GiB"),
+    "flops": (("count", "rate", "number"), "275T"),
+    "hbm_bandwidth": (("rate", "number"), "1.2T/s"),
+    "link": (("rate", "number"), "50G/s"),
+    "network_bandwidth": (("rate", "number"), "50G/s"),
+    "latency": (("time", "number"), "2us"),
+    "node_size": (("number",), "8"),
+}
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = re.compile(rf"{_IDENT}(\.{_IDENT})*")
+
+Literal = int | float | str | bool | None | list
+
+
+@dataclasses.dataclass
+class EntryPoint:
+    """`program` or `inputs`: a `module:function` or `file.py:function`, and its call."""
+
+    target: str
+    args: tuple[Literal, ...] = ()
+    kwargs: dict[str, Literal] = dataclasses.field(default_factory=dict)
+    pos: Pos = dataclasses.field(default=Pos(), compare=False, repr=False)
+
+    @property
+    def module(self) -> str:
+        return self.target.rsplit(":", 1)[0]
+
+    @property
+    def function(self) -> str:
+        return self.target.rsplit(":", 1)[1]
+
+    def call_text(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"{self.target}({', '.join(parts)})"
+
+
+@dataclasses.dataclass
+class StrategySpec:
+    """One strategy of an axis block, with where its name and arguments are written."""
+
+    strategy: Strategy
+    pos: Pos = dataclasses.field(default=Pos(), compare=False, repr=False)
+    arg_pos: dict[str, Pos] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclasses.dataclass
+class AxisSpec:
+    """`axis NAME { ... }`: the strategies on one mesh axis, in order."""
+
+    name: str
+    strategies: list[StrategySpec]
+    pos: Pos = dataclasses.field(default=Pos(), compare=False, repr=False)
+
+
+@dataclasses.dataclass
+class ManualSpec:
+    """A `tile` or `replicate` statement, with where its path, dim and axis are written."""
+
+    strategy: Tile | Replicate
+    path_pos: Pos = dataclasses.field(default=Pos(), compare=False, repr=False)
+    dim_pos: Pos | None = dataclasses.field(default=None, compare=False, repr=False)
+    axis_pos: Pos = dataclasses.field(default=Pos(), compare=False, repr=False)
+
+
+@dataclasses.dataclass
+class GoalSpec:
+    """A goal file as plain data: names and numbers, nothing imported or called yet.
+
+    `device` is None when the file names none (the Goal's default, "cpu"). `search`
+    already holds the `prune` statement's choice. `schedule` is the strategies of the
+    axis blocks in file order, then the manual tile/replicate statements in file order.
+    """
+
+    filename: str
+    program: EntryPoint
+    inputs: EntryPoint
+    mesh: dict[str, int]
+    device: Device | None = None
+    memory_limit: int | None = None
+    objective: str = "time"
+    axes: list[AxisSpec] = dataclasses.field(default_factory=list)
+    manual: list[ManualSpec] = dataclasses.field(default_factory=list)
+    search: Search = dataclasses.field(default_factory=Search)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    source: Source = dataclasses.field(default=Source("<text>", ""), compare=False, repr=False)
+    positions: dict[str, Pos] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def schedule(self) -> list[Strategy]:
+        return [s.strategy for a in self.axes for s in a.strategies] + [
+            m.strategy for m in self.manual
+        ]
+
+    def error(self, pos: Pos, message: str) -> GoalError:
+        return self.source.error(pos, message)
+
+
+def parse(text: str, filename: str = "<text>") -> GoalSpec:
+    """Parse and check a goal file's text; raises `GoalError` (FILE:LINE:COL: error: ...)."""
+    source = Source(filename, text)
+    return _Builder(source).build(parse_statements(text, filename))
+
+
+class _Builder:
+    """Walks the statements in file order, checking each, then checks them together."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.seen: dict[str, Pos] = {}
+        self.program: EntryPoint | None = None
+        self.inputs: EntryPoint | None = None
+        self.mesh: dict[str, int] = {}
+        self.mesh_pos: dict[str, Pos] = {}
+        self.device: Device | None = None
+        self.device_base: Device | None = None
+        self.device_fields: dict[str, tuple[Any, Pos]] = {}
+        self.links: dict[str, tuple[float, Pos]] = {}
+        self.memory: int | None = None
+        self.objective = "time"
+        self.axes: list[AxisSpec] = []
+        self.manual: list[ManualSpec] = []
+        self.search: dict[str, Any] = {}
+        self.prune: str | None = "cpsat"
+        self.notes: list[str] = []
+
+    def error(self, pos: Pos, message: str) -> GoalError:
+        return self.source.error(pos, message)
+
+    # ---------------------------------------------------------------- the whole file
+
+    def build(self, statements: list[Statement]) -> GoalSpec:
+        for st in statements:
+            if st.keyword in SINGLE and st.keyword in self.seen:
+                first = self.seen[st.keyword]
+                raise self.error(
+                    st.pos,
+                    f"a second '{st.keyword}' statement; a goal has one "
+                    f"(the first is at line {first.line})",
+                )
+            self.seen.setdefault(st.keyword, st.pos)
+            getattr(self, f"_{st.keyword}")(st)
+        for keyword, example in REQUIRED.items():
+            if keyword not in self.seen:
+                raise self.error(
+                    Pos(1, 1), f"the goal has no '{keyword}' statement; add one like: {example}"
+                )
+        self._check_axes()
+        device = self._finish_device()
+        self._check_memory(device)
+        search = Search(**self.search, prune=self.prune)
+        assert self.program is not None and self.inputs is not None
+        return GoalSpec(
+            filename=self.source.filename,
+            program=self.program,
+            inputs=self.inputs,
+            mesh=dict(self.mesh),
+            device=device,
+            memory_limit=self.memory,
+            objective=self.objective,
+            axes=self.axes,
+            manual=self.manual,
+            search=search,
+            notes=self.notes,
+            source=self.source,
+            positions=dict(self.seen),
+        )
+
+    def _check_axes(self) -> None:
+        def check(word_text: str, pos: Pos, what: str) -> None:
+            if word_text not in self.mesh:
+                raise self.error(
+                    pos,
+                    f"{what} '{word_text}' is not a mesh axis (the mesh has "
+                    f"{one_of((repr(a) for a in self.mesh), 'and') or 'no axes'})"
+                    f"{did_you_mean(word_text, self.mesh)}",
+                )
+
+        for block in self.axes:
+            check(block.name, block.pos, "axis")
+        for m in self.manual:
+            check(m.strategy.axis, m.axis_pos, "axis")
+        for axis, (_, pos) in self.links.items():
+            check(axis, pos, "link axis")
+        used = {b.name for b in self.axes} | {m.strategy.axis for m in self.manual}
+        for axis, pos in self.mesh_pos.items():
+            if axis not in used:
+                self.notes.append(
+                    self.source.note(
+                        pos,
+                        f"mesh axis '{axis}' has no axis block; nothing is sharded on it "
+                        f"(it stays replicated). Add `axis {axis} {{ ... }}` to use it.",
+                    )
+                )
+
+    def _check_memory(self, device: Device | None) -> None:
+        d = device or DEVICES["cpu"]
+        if self.memory is not None and self.memory > d.hbm:
+            self.notes.append(
+                self.source.note(
+                    self.seen["memory"],
+                    f"the memory limit ({_gib(self.memory)}) is larger than the HBM of "
+                    f"device '{d.name}' ({_gib(d.hbm)}); plans are held to the limit as "
+                    "written, which the device cannot hold",
+                )
+            )
+
+    # ---------------------------------------------------------------- values
+
+    def quantity(self, num: Num) -> Quantity:
+        try:
+            return read(num.text, num.pos)
+        except UnitError as e:
+            raise self.error(e.pos, str(e)) from None
+
+    def want(self, num: Num, kinds: tuple[str, ...], what: str, example: str) -> Quantity:
+        q = self.quantity(num)
+        if q.kind not in kinds:
+            raise self.error(
+                num.pos,
+                f"{what} takes {_kind_words(kinds)}, like {example}; "
+                f"'{num.text}' is {q.describe()}",
+            )
+        return q
+
+    def positive_int(self, num: Num, what: str) -> int:
+        q = self.quantity(num)
+        if q.kind != "number" or not q.is_int or q.value < 1:
+            raise self.error(num.pos, f"{what} must be a positive integer, not '{num.text}'")
+        return int(q.value)
+
+    def literal(self, value: Any) -> Literal:
+        """A call argument's value: a number (units applied), string, bool, None or list."""
+        if isinstance(value, Str):
+            return value.text
+        if isinstance(value, Num):
+            q = self.quantity(value)
+            if q.is_int:
+                return int(q.value)
+            v = float(q.value)
+            return int(v) if q.kind == "count" and v.is_integer() else v
+        if isinstance(value, ListValue):
+            return [self.literal(v) for v in value.items]
+        assert isinstance(value, Word)
+        words = {"true": True, "false": False, "none": None}
+        if value.text in words:
+            return words[value.text]
+        hint = did_you_mean(value.text, words) or f'; to pass it as a string, write "{value.text}"'
+        raise self.error(
+            value.pos,
+            f"'{value.text}' is not a value: write a number, a \"string\", true, false or "
+            f"none{hint}",
+        )
+
+    def kwargs(
+        self, call: Call | None, what: str, allow_positional: bool = False
+    ) -> tuple[list[Literal], dict[str, tuple[Literal, Arg]]]:
+        args: list[Literal] = []
+        kwargs: dict[str, tuple[Literal, Arg]] = {}
+        for arg in call.args if call is not None else ():
+            if arg.name is None:
+                if not allow_positional:
+                    raise self.error(
+                        arg.pos, f"{what} takes keyword arguments only, like name=value"
+                    )
+                if kwargs:
+                    raise self.error(arg.pos, "a positional argument after keyword arguments")
+                args.append(self.literal(arg.value))
+                continue
+            name = arg.name.text
+            if name in kwargs:
+                raise self.error(arg.name.pos, f"argument '{name}' is given twice")
+            kwargs[name] = (self.literal(arg.value), arg)
+        return args, kwargs
+
+    # ---------------------------------------------------------------- statements
+
+    def entry_point(self, st: Statement) -> EntryPoint:
+        target: Str = st.parts[0]
+        module, sep, function = target.text.rpartition(":")
+        ok = (
+            sep
+            and module.strip() == module
+            and module
+            and (module.endswith(".py") or _DOTTED.fullmatch(module))
+            and _DOTTED.fullmatch(function)
+        )
+        if not ok:
+            raise self.error(
+                target.pos,
+                f'{st.keyword} names a function as "module:function" or '
+                f'"file.py:function", not "{target.text}"',
+            )
+        return EntryPoint(target.text, pos=target.pos)
+
+    def _program(self, st: Statement) -> None:
+        self.program = self.entry_point(st)
+
+    def _inputs(self, st: Statement) -> None:
+        ep = self.entry_point(st)
+        args, kwargs = self.kwargs(st.parts[1], "inputs", allow_positional=True)
+        ep.args = tuple(args)
+        ep.kwargs = {k: v for k, (v, _) in kwargs.items()}
+        self.inputs = ep
+
+    def _mesh(self, st: Statement) -> None:
+        for name, size in st.parts:
+            if name.text in self.mesh:
+                raise self.error(
+                    name.pos,
+                    f"mesh axis '{name.text}' is given twice "
+                    f"(first at column {self.mesh_pos[name.text].column})",
+                )
+            self.mesh[name.text] = self.positive_int(size, f"the size of mesh axis '{name.text}'")
+            self.mesh_pos[name.text] = name.pos
+
+    def _device(self, st: Statement) -> None:
+        fields: tuple[Field, ...] = ()
+        for part in st.parts:
+            if isinstance(part, Str):
+                if part.text not in DEVICES:
+                    raise self.error(
+                        part.pos,
+                        f"unknown device '{part.text}'{did_you_mean(part.text, DEVICES)} "
+                        f"(known devices: {', '.join(DEVICES)})",
+                    )
+                self.device_base = DEVICES[part.text]
+            elif part is not None:
+                fields = part
+        for f in fields:
+            self._device_field(f)
+
+    def _device_field(self, f: Field) -> None:
+        name = f.name.text
+        if name not in DEVICE_FIELDS:
+            raise self.error(
+                f.name.pos,
+                f"unknown device field '{name}'{did_you_mean(name, DEVICE_FIELDS)} "
+                f"(a device block takes: {', '.join(DEVICE_FIELDS)})",
+            )
+        kinds, example = DEVICE_FIELDS[name]
+        if f.axis is not None and name != "link":
+            raise self.error(
+                f.axis.pos, f"'{name}' takes a value only; a mesh axis name is for 'link'"
+            )
+        if name == "node_size":
+            value: Any = self.positive_int(f.value, "node_size")
+        else:
+            q = self.want(f.value, kinds, f"'{name}'", example)
+            value = q.value
+            if value <= 0:
+                raise self.error(f.value.pos, f"'{name}' must be positive, not '{f.value.text}'")
+        if f.axis is not None:
+            if f.axis.text in self.links:
+                raise self.error(f.axis.pos, f"a second 'link {f.axis.text}' in the device block")
+            self.links[f.axis.text] = (float(value), f.axis.pos)
+            return
+        key = "link_bandwidth" if name == "link" else name
+        if key in self.device_fields:
+            raise self.error(f.name.pos, f"a second '{name}' in the device block")
+        self.device_fields[key] = (value, f.name.pos)
+
+    def _finish_device(self) -> Device | None:
+        if "device" not in self.seen:
+            return None
+        fields = {k: v for k, (v, _) in self.device_fields.items()}
+        for k in ("hbm", "node_size"):
+            if k in fields:
+                fields[k] = int(fields[k])
+        for k in ("flops", "hbm_bandwidth", "link_bandwidth", "network_bandwidth", "latency"):
+            if k in fields:
+                fields[k] = float(fields[k])
+        links = {axis: bw for axis, (bw, _) in self.links.items()}
+        if self.device_base is not None:
+            device = dataclasses.replace(self.device_base, **fields)
+            return device.with_links(links) if links else device
+        missing = [k for k in ("hbm", "flops", "hbm_bandwidth") if k not in fields]
+        if missing:
+            raise self.error(
+                self.seen["device"],
+                f"the device block gives no {one_of(repr(m) for m in missing)}; give "
+                'them, or start from a catalog device: device "tpu-v4" { link model 100G/s }',
+            )
+        if "link_bandwidth" not in fields:
+            bare = [a for a in self.mesh if a not in links]
+            if bare:
+                raise self.error(
+                    self.seen["device"],
+                    f"the device block gives no link bandwidth for mesh axis '{bare[0]}'; "
+                    f"add `link {bare[0]} 50G/s`, or `link 50G/s` for every axis",
+                )
+            fields["link_bandwidth"] = min(links.values())
+        return Device(name="custom", links=links, **fields)
+
+    def _memory(self, st: Statement) -> None:
+        q = self.want(st.parts[0], ("size", "number"), "memory", "32GiB")
+        if not q.is_int or q.value <= 0:
+            raise self.error(
+                st.parts[0].pos, f"memory must be a positive size, not '{st.parts[0].text}'"
+            )
+        self.memory = int(q.value)
+
+    def _objective(self, st: Statement) -> None:
+        word: Word = st.parts[0]
+        if word.text not in OBJECTIVES:
+            raise self.error(
+                word.pos,
+                f"unknown objective '{word.text}'{did_you_mean(word.text, OBJECTIVES)} "
+                f"(choose {one_of(OBJECTIVES)})",
+            )
+        self.objective = word.text
+
+    def _axis(self, st: Statement) -> None:
+        name: Word = st.parts[0]
+        for block in self.axes:
+            if block.name == name.text:
+                raise self.error(
+                    name.pos,
+                    f"a second block for axis '{name.text}' (the first is at line "
+                    f"{block.pos.line}); put all of its strategies in one block",
+                )
+        block = AxisSpec(name.text, [], name.pos)
+        for s in st.parts[1:]:
+            spec = self.strategy(s.name, s.call, name.text)
+            for other in block.strategies:
+                if other.strategy.name == spec.strategy.name:
+                    raise self.error(
+                        s.name.pos,
+                        f"'{s.name.text}' is already in the block of axis '{name.text}' "
+                        f"(line {other.pos.line})",
+                    )
+            block.strategies.append(spec)
+        if not block.strategies:
+            self.notes.append(
+                self.source.note(
+                    name.pos, f"the block of axis '{name.text}' is empty; nothing is sharded on it"
+                )
+            )
+        self.axes.append(block)
+
+    def strategy(self, name: Word, call: Call | None, axis: str) -> StrategySpec:
+        if name.text not in STRATEGIES:
+            hint = did_you_mean(name.text, STRATEGIES)
+            if name.text in ("tile", "replicate"):
+                hint = f"; '{name.text}' is a statement of its own, outside axis blocks"
+            elif not hint:
+                hint = f" (strategies: {', '.join(STRATEGIES)})"
+            raise self.error(name.pos, f"unknown strategy '{name.text}'{hint}")
+        ctor, allowed = STRATEGIES[name.text]
+        _, kwargs = self.kwargs(call, f"strategy '{name.text}'")
+        out: dict[str, Any] = {}
+        for key, (value, arg) in kwargs.items():
+            if key not in allowed:
+                takes = f"it takes {one_of(allowed)}" if allowed else "it takes no arguments"
+                raise self.error(
+                    arg.pos,
+                    f"strategy '{name.text}' has no argument '{key}'"
+                    f"{did_you_mean(key, allowed)} ({takes})",
+                )
+            out[key] = self.strategy_arg(name.text, key, value, arg)
+        try:
+            strategy = ctor(axis, **out)
+        except (TypeError, ValueError) as e:  # the constructors' own checks
+            raise self.error(name.pos, str(e).split("\n")[0]) from None
+        return StrategySpec(strategy, name.pos, {k: a.value.pos for k, (_, a) in kwargs.items()})
+
+    def strategy_arg(self, strategy: str, key: str, value: Literal, arg: Arg) -> Any:
+        pos = arg.value.pos
+        if strategy == "zero" and key == "stage":
+            if isinstance(value, bool) or value not in (1, 2, 3):
+                raise self.error(pos, f"zero stage must be 1, 2 or 3, not {_show(value)}")
+            return int(value)
+        if strategy == "batch" and key == "inputs":
+            globs = [value] if isinstance(value, str) else value
+            if (
+                not isinstance(globs, list)
+                or not globs
+                or not all(isinstance(g, str) and g for g in globs)
+            ):
+                raise self.error(
+                    pos,
+                    'batch inputs is a path glob or a list of them, like inputs="batch/*" '
+                    'or inputs=["batch/x", "batch/y"]',
+                )
+            return tuple(globs)
+        return value
+
+    def _tile(self, st: Statement) -> None:
+        path, dim, axis = st.parts
+        self._check_path(path)
+        q = self.quantity(dim)
+        if q.kind != "number" or not q.is_int or q.value < 0:
+            raise self.error(
+                dim.pos, f"a tile dim is a dimension index 0, 1, ..., not '{dim.text}'"
+            )
+        self.manual.append(
+            ManualSpec(tile(path.text, int(q.value), axis.text), path.pos, dim.pos, axis.pos)
+        )
+
+    def _replicate(self, st: Statement) -> None:
+        path, axis = st.parts
+        self._check_path(path)
+        self.manual.append(ManualSpec(replicate(path.text, axis.text), path.pos, None, axis.pos))
+
+    def _check_path(self, path: Str) -> None:
+        if not path.text.strip("/"):
+            raise self.error(path.pos, 'an empty path; write an input path like "params/embed"')
+
+    def _search(self, st: Statement) -> None:
+        method: Word = st.parts[0]
+        if method.text not in SEARCHES:
+            raise self.error(
+                method.pos,
+                f"unknown search '{method.text}'{did_you_mean(method.text, SEARCHES)} "
+                f"(the search is {one_of(SEARCHES)})",
+            )
+        _, kwargs = self.kwargs(st.parts[1], f"search '{method.text}'")
+        fields = [f.name for f in dataclasses.fields(Search) if f.name != "prune"]
+        for key, (value, arg) in kwargs.items():
+            if key == "prune":
+                raise self.error(
+                    arg.pos, "prune is a statement of its own: prune cpsat, or prune none"
+                )
+            if key not in fields:
+                raise self.error(
+                    arg.pos,
+                    f"search has no argument '{key}'{did_you_mean(key, fields)} "
+                    f"(it takes {one_of(fields)})",
+                )
+            self.search[key] = self.search_arg(key, value, arg.value.pos)
+
+    def search_arg(self, key: str, value: Literal, pos: Pos) -> Any:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if key == "seconds":
+            if not number or not math.isfinite(value) or value <= 0:
+                raise self.error(pos, f"seconds must be a positive number, not {_show(value)}")
+            return float(value)
+        if key in ("episodes", "patience"):
+            if not number or not isinstance(value, int) or value < 1:
+                raise self.error(pos, f"{key} must be a positive integer, not {_show(value)}")
+            return value
+        if key == "seed":
+            if not number or not isinstance(value, int):
+                raise self.error(pos, f"seed must be an integer, not {_show(value)}")
+            return value
+        if key == "uct_c":
+            if not number or value < 0:
+                raise self.error(pos, f"uct_c must be a number >= 0, not {_show(value)}")
+            return float(value)
+        if key == "rollout":
+            if value not in ROLLOUTS:
+                hint = did_you_mean(value, ROLLOUTS) if isinstance(value, str) else ""
+                raise self.error(
+                    pos,
+                    f"rollout must be {one_of(repr(r) for r in ROLLOUTS)}, not {_show(value)}"
+                    f"{hint}",
+                )
+            return value
+        return value  # pragma: no cover - every Search field is handled above
+
+    def _prune(self, st: Statement) -> None:
+        word: Word = st.parts[0]
+        if word.text not in PRUNERS:
+            raise self.error(
+                word.pos,
+                f"unknown pruner '{word.text}'{did_you_mean(word.text, PRUNERS)} "
+                "(write prune cpsat, or prune none)",
+            )
+        self.prune = PRUNERS[word.text]
+
+
+def _kind_words(kinds: tuple[str, ...]) -> str:
+    words = {"size": "a size", "count": "a count", "rate": "a rate", "time": "a time"}
+    return one_of(words[k] for k in kinds if k != "number")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def _gib(n: int) -> str:
+    """A byte count in the unit that writes it best: 32 GiB, 80 GB, 41.2 GiB."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("TB", 10**12), ("GB", 10**9)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n / 2**30:.1f} GiB"

@@ -1,0 +1,105 @@
+"""Invariant checks for plans: validity, and numerics against the unsharded program."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from partir.ir.specs import check_sharding
+
+RELATIVE_TOLERANCE = 1e-5
+
+
+class InvalidPlan(AssertionError):
+    """A plan that breaks an invariant; the message names the value and the rule."""
+
+
+class NumericsMismatch(AssertionError):
+    """Sharded and unsharded runs of a plan disagree beyond the tolerance."""
+
+
+def check_plan(goal, plan) -> None:
+    """Raise InvalidPlan unless the plan shards every input and output validly: each path
+    of the args pytree present, axes in the mesh and once per value, sizes dividing, and
+    carried state leaving with the sharding it came in with."""
+    prog = goal.program
+    if set(plan.in_shardings) != set(prog.inputs):
+        missing = sorted(set(prog.inputs) - set(plan.in_shardings))
+        extra = sorted(set(plan.in_shardings) - set(prog.inputs))
+        raise InvalidPlan(f"plan paths do not match the args: missing {missing[:3]}, "
+                          f"unknown {extra[:3]}")  # fmt: skip
+    for paths, shardings in ((prog.inputs, plan.in_shardings), (prog.outputs, plan.out_shardings)):
+        for path, vid in paths.items():
+            try:
+                check_sharding(path, prog.values[vid].shape, shardings[path], goal.mesh)
+            except ValueError as err:
+                raise InvalidPlan(str(err)) from None
+    for out, src in prog.carried.items():
+        if plan.out_shardings[out] != plan.in_shardings[src]:
+            raise InvalidPlan(f"{out} leaves with {plan.out_shardings[out]} but {src} comes in "
+                              f"with {plan.in_shardings[src]}")  # fmt: skip
+    if plan.state is not None:
+        prop = goal.propagator
+        for vid, sharding in plan.state.shardings.items():
+            axes = [a for dim in sharding for a in dim]
+            if len(axes) != len(set(axes)):
+                raise InvalidPlan(f"value {vid} uses a mesh axis twice: {sharding}")
+            for size, dim in zip(prop.shapes[vid], sharding):
+                if size % math.prod(goal.mesh[a] for a in dim):
+                    raise InvalidPlan(f"value {vid}: {dim} does not divide {size}")
+        # resharding of carried state must be costed: a link whose sides differ adds a
+        # collective; check the cost model saw every such link
+        model = goal.cost_model
+        for op in prog.ops:
+            if op.primitive == "_link" and op.params["kind"] == "state":
+                src, dst = op.inputs
+                if prop.sharding(plan.state, src) != prop.sharding(plan.state, dst):
+                    if not model.op_cost(op.index, plan.state).collectives:
+                        raise InvalidPlan(f"carried value {prog.input_paths[dst]} is resharded "
+                                          "without a costed collective")  # fmt: skip
+
+
+def real_args(goal, seed: int = 0):
+    """The goal's args as small real arrays: its own arrays if it has them, otherwise
+    floats uniform in [0, 0.1) (non-negative, so optimizer second moments stay valid),
+    integers zero (a valid index anywhere), typed PRNG keys from `seed`."""
+    rng = np.random.default_rng(seed)
+
+    def make(x):
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return jax.random.split(jax.random.key(seed), math.prod(x.shape) or 1).reshape(x.shape)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            return jnp.asarray(rng.uniform(0, 0.1, x.shape), x.dtype)
+        return jnp.zeros(x.shape, x.dtype)
+
+    return jax.tree_util.tree_map(make, goal.args)
+
+
+def max_relative_error(a, b) -> float:
+    """Largest over float leaves of max|a - b| / max|b|."""
+    worst = 0.0
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        x, y = np.asarray(x), np.asarray(y)
+        if not np.issubdtype(y.dtype, np.floating) or y.size == 0:
+            continue
+        scale = float(np.max(np.abs(y))) or 1.0
+        worst = max(worst, float(np.max(np.abs(x.astype(np.float64) - y))) / scale)
+    return worst
+
+
+def check_numerics(goal, plan, args=None, *, tolerance: float = RELATIVE_TOLERANCE) -> float:
+    """Run the plan sharded on fake devices and the program unsharded on the same small
+    real args; raise NumericsMismatch beyond `tolerance`, else return the error."""
+    args = args if args is not None else real_args(goal)
+    expected = jax.jit(goal.fn)(*args)
+    got = plan.jit()(*args)
+    err = max_relative_error(got, expected)
+    if not err <= tolerance:
+        raise NumericsMismatch(f"sharded and unsharded results differ: max relative error "
+                               f"{err:.3g} > {tolerance:g}")  # fmt: skip
+    return err
