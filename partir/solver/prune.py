@@ -43,7 +43,7 @@ def prune_actions(goal: Goal, state: State, problem: AxisProblem, priority: int)
     limit = goal.memory_limit
     if limit is None or not problem.actions:
         return Pruned(list(problem.actions), [], 0)
-    prop, model_ = goal.propagator, goal.cost_model
+    model_ = goal.cost_model
     axes = schedule_axes(goal)
     later = axes[axes.index(problem.axis) + 1 :]
     n = goal.mesh[problem.axis]

@@ -131,9 +131,9 @@ def compile_axis(
                 actions += [Action(g.name, d, g.members) for d in free_dims(g.members[0])]
         if isinstance(s, Expert):
             for g in groups:
-                if "moe" in g.name.split("/") or "experts" in g.name:
-                    if g.params and len(g.shape) >= 3 and 0 in free_dims(g.members[0]):
-                        required += [Decision(prio, v, 0, axis) for v in g.members]
+                moe = "moe" in g.name.split("/") or "experts" in g.name
+                if moe and g.params and len(g.shape) >= 3 and 0 in free_dims(g.members[0]):
+                    required += [Decision(prio, v, 0, axis) for v in g.members]
         if isinstance(s, Replicate):
             forbidden |= {v for p, v in prog.inputs.items() if glob_match(s.path, p)}
     actions = [a for a in actions if not forbidden & set(a.values)]

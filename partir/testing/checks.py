@@ -56,10 +56,10 @@ def check_plan(goal, plan) -> None:
         for op in prog.ops:
             if op.primitive == "_link" and op.params["kind"] == "state":
                 src, dst = op.inputs
-                if prop.sharding(plan.state, src) != prop.sharding(plan.state, dst):
-                    if not model.op_cost(op.index, plan.state).collectives:
-                        raise InvalidPlan(f"carried value {prog.input_paths[dst]} is resharded "
-                                          "without a costed collective")  # fmt: skip
+                differ = prop.sharding(plan.state, src) != prop.sharding(plan.state, dst)
+                if differ and not model.op_cost(op.index, plan.state).collectives:
+                    raise InvalidPlan(f"carried value {prog.input_paths[dst]} is resharded "
+                                      "without a costed collective")  # fmt: skip
 
 
 def real_args(goal, seed: int = 0):
