@@ -96,7 +96,7 @@ def test_embedding_gradient_scatter_add():
         lambda z, i, u: z.at[i].add(u), S((16, 8), f32), S((5,), jnp.int32), S((5, 8), f32)
     )
     assert (
-        "scatter-add ([j, i], [k, l], [k, i])->([j, i]) {i=8, j=16, k=5, l=1} reduction={k} "
+        "scatter-add ([k, i], [j, l], [j, i])->([k, i]) {i=8, j=5, k=16, l=1} reduction={j} "
         "need-replication={l}" in rules
     )
 

@@ -218,20 +218,26 @@ class CostModel:
         return hit
 
     def _op_cost(self, op, shardings: list[Sharding]) -> OpCost:
-        """The cheapest of the execution shardings anchored on each of the op's tensors
-        (as an SPMD partitioner picks the cheaper side to reshard)."""
+        """How the op runs, chosen as XLA's SPMD partitioner does (checked against it on
+        the zoo's plans): if some execution sharding keeps every operand as it is, the
+        cheapest of those (a sharded contraction then ends in an all-reduce or a
+        reduce-scatter); otherwise the one that produces the result as it is sharded,
+        resharding operands to match."""
         if op.primitive == "_link":
             return self._link_cost(op, self.prop.tensors[op.index], shardings)
         n = len(shardings)
-        best = None
+        n_in = sum(1 for v in op.inputs if v is not None)
+        keeps, anchored = None, None
         for first in range(n):
             order = [first] + [t for t in range(n) if t != first]
             cand = self._run_with(op, shardings, order)
-            if best is None or _weight(cand) < _weight(best):
-                best = cand
             if not cand.collectives:
-                break
-        return best or OpCost(0.0, 0.0, ())
+                return cand
+            if not _moves_operands(cand) and (keeps is None or _weight(cand) < _weight(keeps)):
+                keeps = cand
+            if first == n_in:
+                anchored = cand
+        return keeps or anchored or OpCost(0.0, 0.0, ())
 
     def _run_with(self, op, shardings: list[Sharding], order: list[int]) -> OpCost:
         rule = op.rule
@@ -361,6 +367,10 @@ class CostModel:
             comm_s_by_kind=by_kind,
             memory_limit=self.memory_limit,
         )
+
+
+def _moves_operands(c: OpCost) -> bool:
+    return any(reuse is not None for *_, reuse in c.collectives)
 
 
 def _weight(c: OpCost) -> float:

@@ -428,14 +428,19 @@ def _scatter(add: bool) -> Callable[..., Rule]:
                 b.factor(operand[d], operands={0: d, 2: ud}, results={0: d})
             else:
                 b.factor(operand[d], operands={0: d}, results={0: d})
-        for d in range(len(operand)):
-            if d not in op_window:
-                b.factor(operand[d], operands={0: d}, results={0: d})
+        idx_batching = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
         scatter_dims = [d for d in range(len(updates)) if d not in window_dims]
         idx_dims = [d for d in range(len(indices)) if d != len(indices) - 1]
-        if add:
-            for ud, idd in zip(scatter_dims, idx_dims):
+        for ud, idd in zip(scatter_dims, idx_dims):
+            if idd in idx_batching:
+                # a batch dim shared by operand, indices and updates (top_k's gradient):
+                # XLA's partitioner (jaxlib 0.10) gathers it, so it is kept whole here too
+                continue
+            if add:
                 b.factor(updates[ud], Kind.REDUCTION, operands={1: idd, 2: ud})
+        for d in range(len(operand)):
+            if d not in op_window and d not in op_batching:
+                b.factor(operand[d], operands={0: d}, results={0: d})
         return b.build()
 
     return rule

@@ -100,6 +100,15 @@ class CompiledStats:
     flops: float | None
     notes: tuple[str, ...] = field(default=())  # e.g. while loops with unknown trip counts
 
+    @property
+    def allocated_bytes(self) -> int:
+        """Everything XLA allocates per device: arguments, outputs and temporaries, less the
+        outputs that alias (donated) arguments. XLA:CPU's ``peak_memory_in_bytes`` counts
+        only arguments and outputs (checked on jaxlib 0.10.2: a gpt train step reported
+        157 MiB peak beside 1,284 MiB of temporaries), so this is the figure a peak-memory
+        estimate is held to."""
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
     def bytes_by_kind(self) -> dict[str, int]:
         """Sum of ``bytes * multiplicity`` per kind; every kind of KINDS present."""
         out = dict.fromkeys(KINDS, 0)

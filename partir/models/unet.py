@@ -41,6 +41,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 TIMESTEPS = 1000
 MAX_GROUPS = 32
+MIN_GROUP_SIZE = 4
 
 
 # ----------------------------------------------------------------------------- init
@@ -171,6 +172,10 @@ def conv(p: Params, x: jax.Array, stride: int = 1) -> jax.Array:
 def group_norm(p: Params, x: jax.Array, eps: float = 1e-5) -> jax.Array:
     b, h, w, c = x.shape
     groups = math.gcd(c, MAX_GROUPS)
+    while groups > 1 and c // groups < MIN_GROUP_SIZE:
+        # groups of one channel would normalise each channel on its own, which makes a
+        # per-channel bias before the norm a no-op whose gradient is pure rounding noise
+        groups //= 2
     xg = x.reshape(b, h, w, groups, c // groups)
     mean = jnp.mean(xg, axis=(1, 2, 4), keepdims=True)
     var = jnp.mean(jnp.square(xg - mean), axis=(1, 2, 4), keepdims=True)

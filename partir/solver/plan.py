@@ -178,14 +178,16 @@ class Plan:
         )
 
 
-def input_decisions(goal: Goal, specs: Mapping[str, Any], priority: int = 0) -> list[Decision]:
+def input_decisions(
+    goal: Goal, specs: Mapping[str, Any], priority: int = 0, *, strict: bool = True
+) -> list[Decision]:
     """Decisions that tile the inputs as `specs` ({path or glob: PartitionSpec}) says.
 
     Data inputs (those that are not carried state) get `priority`, state `priority + 1`:
     the batch is laid out before the parameters, as "batch first" in Shardy's order."""
     prog = goal.program
     state_paths = set(prog.carried.values())
-    resolved = resolve(specs, prog.inputs)
+    resolved = resolve(specs, prog.inputs, strict=strict)
     decisions = []
     for path, spec in resolved.items():
         vid = prog.inputs[path]
@@ -201,18 +203,20 @@ def input_decisions(goal: Goal, specs: Mapping[str, Any], priority: int = 0) -> 
 Specs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
 
-def make_plan(goal: Goal, specs: Specs) -> Plan:
+def make_plan(goal: Goal, specs: Specs, *, strict: bool = True) -> Plan:
     """The plan that shards the inputs as `specs` says (unmatched inputs replicated) and
     lets propagation decide everything inside the program.
 
     `specs` is one {path or glob: PartitionSpec} dict, or a list of them applied in order
     (a schedule: `[batch_rules, megatron_rules, zero_rules]`); for a path that several
-    dicts match, the later dicts add their axes to the earlier ones' dims."""
+    dicts match, the later dicts add their axes to the earlier ones' dims. With `strict`,
+    a rule that matches no input is an error (rule lists written for a model family, like
+    the expert plans, pass `strict=False`)."""
     prog, prop = goal.program, goal.propagator
     stages = [specs] if isinstance(specs, Mapping) else list(specs)
     decisions = []
     for k, stage in enumerate(stages):
-        decisions += input_decisions(goal, stage, priority=2 * k)
+        decisions += input_decisions(goal, stage, priority=2 * k, strict=strict)
     state, rejected = prop.apply_all(prop.empty(frozen=prog.inputs.values()), decisions)
     if rejected:
         d = rejected[0]

@@ -57,10 +57,19 @@ def _data_paths(goal: Goal) -> list[str]:
     return [p for p in goal.program.inputs if p not in state]
 
 
-def batch_rules(goal: Goal, axis: str, paths: list[str] | None = None) -> Rules:
-    """Data inputs tiled along dim 0 (the zoo's batch dim), where the axis divides it."""
+def _size(goal: Goal, axis: str | tuple[str, ...]) -> int:
+    axes = (axis,) if isinstance(axis, str) else axis
+    n = 1
+    for a in axes:
+        n *= goal.mesh[a]
+    return n
+
+
+def batch_rules(goal: Goal, axis, paths: list[str] | None = None) -> Rules:
+    """Data inputs tiled along dim 0 (the zoo's batch dim), where the axis (or tuple of
+    axes) divides it."""
     prog = goal.program
-    n = goal.mesh[axis]
+    n = _size(goal, axis)
     out = {}
     for path in paths if paths is not None else _data_paths(goal):
         shape = prog.values[prog.inputs[path]].shape
@@ -71,11 +80,11 @@ def batch_rules(goal: Goal, axis: str, paths: list[str] | None = None) -> Rules:
     return out
 
 
-def zero_rules(goal: Goal, axis: str, *, params: bool, taken: Schedule = ()) -> Rules:
-    """ZeRO: optimizer state (and with `params`, parameters) tiled on `axis` along their
-    largest dim that the axis divides and that earlier stages left whole."""
+def zero_rules(goal: Goal, axis, *, params: bool, taken: Schedule = ()) -> Rules:
+    """ZeRO: optimizer state (and with `params`, parameters) tiled on `axis` (or a tuple
+    of axes) along their largest dim that it divides and that earlier stages left whole."""
     prog = goal.program
-    n = goal.mesh[axis]
+    n = _size(goal, axis)
     out = {}
     for path in _state_paths(goal):
         head = path.split("/", 1)[0]
@@ -131,9 +140,14 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
         del prog
     else:
         plans["BP"] = lambda: [bp()]
-        plans["Z1"] = lambda: [bp(), zero_rules(goal, data, params=False)]
-        plans["Z2"] = lambda: [bp(), zero_rules(goal, data, params=False)]
-        plans["Z3"] = lambda: [bp(), zero_rules(goal, data, params=True)]
+        if model is None:  # ZeRO stages on a 1-D mesh; on more axes, FSDP over all of them
+            plans["Z1"] = lambda: [bp(), zero_rules(goal, data, params=False)]
+            plans["Z2"] = lambda: [bp(), zero_rules(goal, data, params=False)]
+            plans["Z3"] = lambda: [bp(), zero_rules(goal, data, params=True)]
+        else:
+            every = tuple(axes)
+            plans["FSDP"] = lambda: [batch_rules(goal, every),
+                                     zero_rules(goal, every, params=True)]  # fmt: skip
     if family in ("transformer", "moe", "mlp") and model:
         mp = _fill(MLP_MEGATRON if family == "mlp" else MEGATRON, m=model,
                    even="{0,2,4,6,8}", odd="{1,3,5,7,9}")  # fmt: skip
@@ -171,7 +185,7 @@ def expert_plans(goal: Goal) -> dict[str, Plan]:
     out = {}
     for name, build in expert_schedules(goal).items():
         try:
-            out[name] = make_plan(goal, build())
+            out[name] = make_plan(goal, build(), strict=False)
         except PlanError:
             continue
     return out

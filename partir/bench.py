@@ -1,0 +1,979 @@
+"""The benchmark suite: where partir stands against expert plans and against XLA.
+
+`partir bench [--quick] [--json] [--report FILE]` runs it. Four parts:
+
+- **cases**: every model of the zoo, tiny and at a realistic size, on 1-D, 2-D and 3-D
+  meshes, each with its natural schedule and with `auto` on every axis. Per case: the best
+  expert plan that fits the memory limit, the searched plan, their estimated step times
+  and memory, and, on meshes of at most 8 devices, what XLA compiles for both (on fake CPU
+  devices, from abstract args).
+- **scaling**: search time of gpt at 12, 24, 48 and 96 layers of one width.
+- **fidelity**: the cost model's collective bytes and memory over XLA's, for every plan
+  compiled.
+- **pruning**: the 2-D natural-schedule searches again with CP-SAT pruning off.
+
+Step times and memory are the cost model's estimates (for the goal's device, tpu-v4); they
+are compared as ratios within one run. Search seconds are wall-clock on whatever machine
+runs the bench: indicative only, and best read as ratios too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+DEVICES = 8  # fake CPU devices for the XLA checks; meshes of more devices are not compiled
+DEVICE = "tpu-v4"
+MEMORY_LIMIT = "32GiB"  # tpu-v4 HBM
+DEFAULT_REPORT = os.path.join("docs", "benchmarks.md")
+
+# Realistic sizes: a preset and overrides. gpt 1b at batch 32, as examples/gpt.partir
+# (at the preset's batch 256, f32 without rematerialisation, no plan fits 32 GiB on 64 chips).
+REALISTIC: dict[str, tuple[str, dict[str, Any]]] = {
+    "mlp": ("1b", {}),
+    "gpt": ("1b", {"batch": 32}),
+    "gns": ("base", {}),
+    "unet": ("base", {}),
+    "moe": ("base", {}),
+}
+MODELS = ("mlp", "gpt", "gns", "unet", "moe")
+GNS_EDGE_INPUTS = ("batch/edges", "batch/senders", "batch/receivers")
+
+# Meshes by rank: the first axis is data, the second model (or fsdp on 3-D), the third tensor.
+MESH_1D = {"data": 8}
+MESH_2D_SMALL = {"data": 2, "model": 4}
+MESH_2D = {"data": 8, "model": 8}
+MESH_2D_LARGE = {"data": 16, "model": 16}
+MESH_3D_SMALL = {"data": 2, "fsdp": 2, "tensor": 2}
+MESH_3D = {"data": 4, "fsdp": 4, "tensor": 4}
+
+# Scaling: gpt of this width at these depths, on the small 2-D mesh, natural schedule.
+SCALING_LAYERS = (12, 24, 48, 96)
+SCALING_SIZE = {"d_model": 128, "heads": 4, "seq": 64, "batch": 16, "vocab": 512}
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One benchmark case: a model at a size, a mesh and a schedule kind."""
+
+    model: str
+    size: str  # preset name
+    mesh: tuple[tuple[str, int], ...]
+    schedule: str = "natural"  # or "auto"
+    overrides: tuple[tuple[str, Any], ...] = ()
+    prune: str | None = "cpsat"
+
+    @property
+    def mesh_dict(self) -> dict[str, int]:
+        return dict(self.mesh)
+
+    @property
+    def devices(self) -> int:
+        return math.prod(n for _, n in self.mesh)
+
+    @property
+    def mesh_str(self) -> str:
+        return "x".join(str(n) for _, n in self.mesh)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.size} {self.mesh_str} {self.schedule}"
+
+
+def case(
+    model: str,
+    size: str,
+    mesh: dict[str, int],
+    schedule: str = "natural",
+    prune: str | None = "cpsat",
+    **overrides: Any,
+) -> Case:
+    if size != "tiny" and not overrides and model in REALISTIC and REALISTIC[model][0] == size:
+        overrides = dict(REALISTIC[model][1])
+    return Case(model, size, tuple(mesh.items()), schedule, tuple(sorted(overrides.items())), prune)
+
+
+def realistic(model: str, mesh: dict[str, int], schedule: str = "natural") -> Case:
+    preset, overrides = REALISTIC[model]
+    return case(model, preset, mesh, schedule, **overrides)
+
+
+def full_cases() -> list[Case]:
+    """Tiny models on the meshes XLA can compile here (<= 8 devices), realistic sizes on
+    64 and 256 devices; natural and auto schedules (auto is left out on 16x16)."""
+    out = []
+    for model in MODELS:
+        for mesh in (MESH_1D, MESH_2D_SMALL, MESH_3D_SMALL):
+            out += [case(model, "tiny", mesh, s) for s in ("natural", "auto")]
+    for model in MODELS:
+        for mesh in (MESH_2D, MESH_3D):
+            out += [realistic(model, mesh, s) for s in ("natural", "auto")]
+        out.append(realistic(model, MESH_2D_LARGE))
+    return out
+
+
+def quick_cases() -> list[Case]:
+    out = []
+    for model in MODELS:
+        out += [case(model, "tiny", MESH_2D_SMALL, s) for s in ("natural", "auto")]
+    out.append(realistic("gpt", MESH_2D))
+    return out
+
+
+def schedule_for(model: str, mesh: dict[str, int], kind: str) -> list:
+    """The strategies of a case. `auto`: auto on every axis. `natural`, by mesh rank:
+
+    - data axis: batch + zero(stage=3) (gns: batch on the edge inputs; moe on a 1-D mesh:
+      expert too);
+    - 2-D model axis: megatron (moe: expert + megatron);
+    - 3-D: data: batch; fsdp: fsdp (gns: batch on edges + zero 3); tensor: as the model
+      axis of 2-D.
+    """
+    from partir import strategies as S
+
+    axes = list(mesh)
+    if kind == "auto":
+        return [S.auto(a) for a in axes]
+    if kind != "natural":
+        raise ValueError(f"schedule kind must be 'natural' or 'auto', not {kind!r}")
+
+    def batch(axis):
+        return S.batch(axis, inputs=GNS_EDGE_INPUTS) if model == "gns" else S.batch(axis)
+
+    def model_axis(axis):
+        if model == "moe":
+            return [S.expert(axis), S.megatron(axis)]
+        return [S.megatron(axis)]
+
+    data = axes[0]
+    if len(axes) == 1:
+        out = [batch(data), S.zero(data, 3)]
+        return out + ([S.expert(data)] if model == "moe" else [])
+    if len(axes) == 2:
+        return [batch(data), S.zero(data, 3), *model_axis(axes[1])]
+    fsdp, tensor = axes[1], axes[2]
+    sharded = [batch(fsdp), S.zero(fsdp, 3)] if model == "gns" else [S.fsdp(fsdp)]
+    return [batch(data), *sharded, *model_axis(tensor)]
+
+
+def schedule_text(schedule: Sequence) -> str:
+    """`data: batch+zero3 | model: megatron`."""
+    by_axis: dict[str, list[str]] = {}
+    for s in schedule:
+        name = s.name + (str(s.stage) if s.name == "zero" else "")
+        by_axis.setdefault(s.axis, []).append(name)
+    return " | ".join(f"{a}: {'+'.join(names)}" for a, names in by_axis.items())
+
+
+# ----------------------------------------------------------------------------- goals, experts
+
+
+class _Programs:
+    """One trace per (model, size): goals of different meshes and schedules share it."""
+
+    def __init__(self) -> None:
+        self.args: dict[tuple, Any] = {}
+        self.programs: dict[tuple, Any] = {}
+        self.trace_seconds: dict[tuple, float] = {}
+
+    def goal(self, c: Case, schedule: Sequence = (), prune: str | None = "cpsat"):
+        import partir
+        from partir.models import get
+
+        key = (c.model, c.size, c.overrides)
+        module = get(c.model)
+        if key not in self.args:
+            preset = c.size if c.size in module.PRESETS else None
+            self.args[key] = module.example_args(abstract=True, preset=preset, **dict(c.overrides))
+        goal = partir.Goal(
+            module.train_step,
+            self.args[key],
+            c.mesh_dict,
+            device=DEVICE,
+            memory_limit=MEMORY_LIMIT,
+            schedule=list(schedule),
+            search=partir.Search(prune=prune),
+        )
+        if key not in self.programs:
+            t0 = time.perf_counter()
+            self.programs[key] = goal.program
+            self.trace_seconds[key] = time.perf_counter() - t0
+        else:  # a fresh propagator and cost model, the traced program shared
+            goal.__dict__["program"] = self.programs[key]
+        return goal
+
+
+def _three_d_experts(goal) -> dict[str, Callable[[], list]]:
+    """Expert plans that use all three axes of a data x fsdp x tensor mesh (the library's
+    expert plans use the first two axes only)."""
+    from partir.strategies.experts import (
+        EXPERTS,
+        MEGATRON,
+        _data_paths,
+        _family,
+        _fill,
+        _mlp_megatron,
+        batch_rules,
+        zero_rules,
+    )
+
+    data, fsdp, tensor = list(goal.mesh)[:3]
+    family = _family(goal)
+    plans: dict[str, Callable[[], list]] = {}
+    if family == "graph":
+        edge = [p for p in _data_paths(goal) if any(k in p for k in ("edges", "senders",
+                                                                    "receivers"))]  # fmt: skip
+        plans["EDGE+FSDP"] = lambda: [batch_rules(goal, data, edge), batch_rules(goal, fsdp, edge),
+                                      zero_rules(goal, fsdp, params=True)]  # fmt: skip
+        return plans
+
+    def bp2():
+        return [batch_rules(goal, data), batch_rules(goal, fsdp)]
+
+    plans["BP+FSDP"] = lambda: [*bp2(), zero_rules(goal, fsdp, params=True)]
+    if family in ("transformer", "moe", "mlp"):
+        mp = _mlp_megatron(goal, tensor) if family == "mlp" else _fill(MEGATRON, m=tensor)
+        plans["BP+FSDP+MP"] = lambda: [*bp2(), mp, zero_rules(goal, fsdp, params=True,
+                                                               taken=[mp])]  # fmt: skip
+    if family == "moe":
+        ep = _fill(EXPERTS, m=tensor)
+        plans["BP+FSDP+EP"] = lambda: [*bp2(), ep, zero_rules(goal, fsdp, params=True,
+                                                               taken=[ep])]  # fmt: skip
+    return plans
+
+
+def expert_candidates(goal) -> dict[str, Any]:
+    """{name: Plan}: the library's expert plans for the goal, the replicated plan (the best
+    one for models too small to shard), and on a 3-D mesh plans that use all three axes."""
+    from partir.ir.specs import PlanError
+    from partir.solver.plan import make_plan
+    from partir.strategies.experts import expert_plans
+
+    plans = dict(expert_plans(goal))
+    plans["replicated"] = make_plan(goal, {})
+    if len(goal.mesh) >= 3:
+        for name, build in _three_d_experts(goal).items():
+            try:
+                plans[name] = make_plan(goal, build())
+            except PlanError:
+                continue
+    return plans
+
+
+# The expert plan whose strategies are the natural schedule's, where the library has one:
+# (model, mesh rank) -> names to try in order.
+SAME_SCHEDULE: dict[tuple[str, int], tuple[str, ...]] = {
+    ("gpt", 1): ("Z3",), ("gpt", 2): ("BP+MP+Z3",), ("gpt", 3): ("BP+FSDP+MP",),
+    ("mlp", 1): ("Z3",), ("mlp", 2): ("BP+MP+Z3",), ("mlp", 3): ("BP+FSDP+MP",),
+    ("unet", 1): ("Z3",), ("gns", 1): ("EDGE+Z3",),
+}  # fmt: skip
+
+
+def same_schedule_expert(model: str, rank: int, plans: dict[str, Any]) -> str | None:
+    return next((n for n in SAME_SCHEDULE.get((model, rank), ()) if n in plans), None)
+
+
+def best_expert(plans: dict[str, Any]) -> tuple[str, Any] | None:
+    """The fastest plan that fits the memory limit; if none fits, the smallest."""
+    if not plans:
+        return None
+    fitting = {k: p for k, p in plans.items() if p.cost.fits}
+    if fitting:
+        return min(fitting.items(), key=lambda kv: (kv[1].cost.step_time_s, kv[0]))
+    return min(plans.items(), key=lambda kv: (kv[1].cost.peak_memory_bytes, kv[0]))
+
+
+# ----------------------------------------------------------------------------- XLA
+
+
+def _xla(goal, plan) -> dict:
+    """What XLA compiles for `plan`, beside the cost model's prediction (per device)."""
+    from partir.ir.xla import as_cpu_kinds
+    from partir.solver.verify import verify
+
+    t0 = time.perf_counter()
+    report = verify(goal, plan)
+    predicted = as_cpu_kinds(plan.cost.bytes_by_kind())
+    compiled = report.compiled
+    return {
+        "collective_bytes": int(sum(compiled.values())),
+        "collective_bytes_by_kind": {k: int(v) for k, v in compiled.items() if v},
+        "peak_bytes": int(report.stats.peak_bytes),
+        "argument_bytes": int(report.stats.argument_bytes),
+        "predicted_collective_bytes": int(sum(predicted.values())),
+        "predicted_collective_bytes_by_kind": {k: int(v) for k, v in predicted.items() if v},
+        "predicted_peak_bytes": int(plan.cost.peak_memory_bytes),
+        "predicted_argument_bytes": int(plan.cost.argument_bytes),
+        "ok": bool(report.ok),
+        "compile_seconds": time.perf_counter() - t0,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, with 0 / 0 = 1 and x / 0 = None (undefined)."""
+    if a is None or b is None:
+        return None
+    if b == 0:
+        return 1.0 if a == 0 else None
+    return a / b
+
+
+# ----------------------------------------------------------------------------- one case
+
+
+def _curve_totals(search: dict) -> tuple[int, float]:
+    """Episodes and seconds to the final plan: per axis, the last improvement of the
+    best-reward curve, summed over axes."""
+    episodes, seconds = 0, 0.0
+    for axis in search.get("axes", []):
+        curve = axis.get("curve") or []
+        if curve:
+            episodes += int(curve[-1][0])
+            seconds += float(curve[-1][1])
+    return episodes, seconds
+
+
+def _cost_dict(cost) -> dict:
+    return {
+        "step_time_s": cost.step_time_s,
+        "peak_memory_bytes": int(cost.peak_memory_bytes),
+        "comm_bytes": int(cost.comm_bytes),
+        "fits": bool(cost.fits),
+    }
+
+
+def _spec_str(spec) -> str:
+    return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
+
+
+def run_case(
+    c: Case,
+    programs: _Programs,
+    *,
+    xla: bool = True,
+    xla_cache: dict | None = None,
+    expert_cache: dict | None = None,
+) -> dict:
+    """Search one case, cost its experts, and (<= 8 devices) compile both plans."""
+    from partir.solver.search import solve
+
+    schedule = schedule_for(c.model, c.mesh_dict, c.schedule)
+    out: dict[str, Any] = {
+        "model": c.model,
+        "size": c.size,
+        "overrides": dict(c.overrides),
+        "mesh": c.mesh_dict,
+        "devices": c.devices,
+        "schedule": c.schedule,
+        "strategies": schedule_text(schedule),
+    }
+    t0 = time.perf_counter()
+    try:
+        goal = programs.goal(c, schedule, prune=c.prune)
+        out["ops"] = len(goal.program.ops)
+        plan = solve(goal, baselines=False)
+    except Exception as err:  # one case failing must not stop the suite
+        out["error"] = f"{type(err).__name__}: {err}"
+        out["wall_seconds"] = time.perf_counter() - t0
+        return out
+    episodes_to_best, seconds_to_best = _curve_totals(plan.search)
+    out["searched"] = {
+        **_cost_dict(plan.cost),
+        "seconds": plan.search["seconds"],
+        "episodes": plan.search["episodes"],
+        "episodes_to_best": episodes_to_best,
+        "seconds_to_best": seconds_to_best,
+        "actions_before": plan.search["actions_before"],
+        "actions_after": plan.search["actions_after"],
+        "pruned": plan.search["pruned"],
+        "rules": [[p, _spec_str(s)] for p, s in plan.to_rules()],
+    }
+    ekey = (c.model, c.size, c.overrides, c.mesh)
+    if expert_cache is not None and ekey in expert_cache:
+        experts = expert_cache[ekey]
+    else:
+        egoal = programs.goal(c)
+        experts = (egoal, expert_candidates(egoal))
+        if expert_cache is not None:
+            expert_cache[ekey] = experts
+    egoal, plans = experts
+    out["experts"] = {k: _cost_dict(p.cost) for k, p in plans.items()}
+    best = best_expert(plans)
+    if best is not None:
+        name, eplan = best
+        out["expert"] = {"name": name, **_cost_dict(eplan.cost)}
+        out["ratio"] = _ratio(plan.cost.step_time_s, eplan.cost.step_time_s)
+        out["memory_ratio"] = _ratio(plan.cost.peak_memory_bytes, eplan.cost.peak_memory_bytes)
+    same = same_schedule_expert(c.model, len(c.mesh), plans) if c.schedule == "natural" else None
+    if same is not None:
+        out["same_schedule_expert"] = {"name": same, **_cost_dict(plans[same].cost)}
+        out["same_schedule_ratio"] = _ratio(plan.cost.step_time_s, plans[same].cost.step_time_s)
+    if xla and c.devices <= DEVICES:
+        out["xla"] = {}
+        for who, g, p in (("searched", goal, plan), ("expert", egoal, best and best[1])):
+            if p is None:
+                continue
+            key = (c.model, c.size, c.overrides, c.mesh, json.dumps(
+                {k: list(v) for k, v in sorted(p.in_shardings.items())}))  # fmt: skip
+            try:
+                if xla_cache is not None and key in xla_cache:
+                    out["xla"][who] = dict(xla_cache[key], cached=True)
+                else:
+                    out["xla"][who] = _xla(g, p)
+                    if xla_cache is not None:
+                        xla_cache[key] = out["xla"][who]
+            except Exception as err:
+                out["xla"][who] = {"error": f"{type(err).__name__}: {err}"}
+        s, e = out["xla"].get("searched", {}), out["xla"].get("expert", {})
+        if "collective_bytes" in s and "collective_bytes" in e:
+            out["xla"]["collective_ratio"] = _ratio(s["collective_bytes"], e["collective_bytes"])
+            out["xla"]["memory_ratio"] = _ratio(s["peak_bytes"], e["peak_bytes"])
+    out["wall_seconds"] = time.perf_counter() - t0
+    return out
+
+
+# ----------------------------------------------------------------------------- scaling, pruning
+
+
+def run_scaling(
+    layers: Iterable[int] = SCALING_LAYERS,
+    size: dict[str, Any] | None = None,
+    mesh: dict[str, int] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Search time of gpt at each depth (same width), natural schedule; ratio to the first."""
+    import jax
+
+    size = dict(SCALING_SIZE if size is None else size)
+    mesh = dict(MESH_2D_SMALL if mesh is None else mesh)
+    rows = []
+    for n in layers:
+        if progress:
+            progress(f"scaling: gpt {n} layers")
+        jax.clear_caches()
+        programs = _Programs()
+        c = case("gpt", f"{n} layers", mesh, "natural", **{**size, "layers": n})
+        r = run_case(c, programs, xla=False)
+        row = {"layers": n, "ops": r.get("ops")}
+        row["trace_seconds"] = next(iter(programs.trace_seconds.values()), None)
+        if "error" in r:
+            row["error"] = r["error"]
+        else:
+            row.update(
+                seconds=r["searched"]["seconds"],
+                episodes=r["searched"]["episodes"],
+                step_time_s=r["searched"]["step_time_s"],
+                ratio_to_expert=r.get("ratio"),
+            )
+        rows.append(row)
+    base = next((r for r in rows if r.get("seconds")), None)
+    for r in rows:
+        r["time_ratio"] = _ratio(r.get("seconds"), base["seconds"]) if base else None
+        r["ops_ratio"] = _ratio(r.get("ops"), base["ops"]) if base and base.get("ops") else None
+    return {
+        "model": "gpt",
+        "size": size,
+        "mesh": mesh,
+        "strategies": schedule_text(schedule_for("gpt", mesh, "natural")),
+        "rows": rows,
+    }
+
+
+def run_pruning(
+    cases: Iterable[Case],
+    results: dict[Case, dict],
+    programs: _Programs,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """The same searches with CP-SAT pruning off, beside the pruned ones in `results`."""
+    rows = []
+    for c in cases:
+        on = results.get(c)
+        if on is None or "searched" not in on:
+            continue
+        if progress:
+            progress(f"pruning off: {c.label}")
+        off = run_case(dataclasses.replace(c, prune=None), programs, xla=False)
+        row: dict[str, Any] = {"model": c.model, "size": c.size, "mesh": c.mesh_dict,
+                               "schedule": c.schedule}  # fmt: skip
+        for name, r in (("cpsat", on), ("none", off)):
+            if "searched" in r:
+                s = r["searched"]
+                row[name] = {k: s[k] for k in ("step_time_s", "peak_memory_bytes", "seconds",
+                             "episodes", "episodes_to_best", "seconds_to_best",
+                             "actions_after", "pruned", "fits")}  # fmt: skip
+            else:
+                row[name] = {"error": r.get("error")}
+        if "error" not in row["cpsat"] and "error" not in row["none"]:
+            row["step_time_ratio"] = _ratio(row["none"]["step_time_s"], row["cpsat"]["step_time_s"])
+            row["seconds_ratio"] = _ratio(row["none"]["seconds"], row["cpsat"]["seconds"])
+            row["episodes_to_best_ratio"] = _ratio(
+                row["none"]["episodes_to_best"], row["cpsat"]["episodes_to_best"]
+            )
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- fidelity
+
+
+def _log_distance(r: float | None) -> float:
+    return math.inf if r is None or r <= 0 else abs(math.log(r))
+
+
+def _summary(entries: list[tuple[str, float | None]]) -> dict:
+    defined = [r for _, r in entries if r is not None and r > 0]
+    out: dict[str, Any] = {"plans": len(entries), "undefined": len(entries) - len(defined)}
+    if defined:
+        out["mean"] = sum(defined) / len(defined)
+        out["geomean"] = math.exp(sum(math.log(r) for r in defined) / len(defined))
+        out["within_5pct"] = sum(1 for r in defined if abs(r - 1) <= 0.05)
+    if entries:
+        name, r = max(entries, key=lambda e: _log_distance(e[1]))
+        out["worst"] = {"plan": name, "ratio": r}
+    return out
+
+
+def fidelity(case_results: Iterable[dict]) -> dict:
+    """Predicted over XLA, per device, for every plan compiled (each plan once)."""
+    rows, seen = [], set()
+    for r in case_results:
+        for who in ("searched", "expert"):
+            x = r.get("xla", {}).get(who)
+            if not x or "error" in x or x.get("cached"):
+                continue
+            name = who if who == "searched" else r["expert"]["name"]
+            label = f"{r['model']} {r['size']} {_mesh_str(r['mesh'])} {r['schedule']}: {name}"
+            if who == "expert":
+                label = f"{r['model']} {r['size']} {_mesh_str(r['mesh'])}: {name}"
+            if label in seen:
+                continue
+            seen.add(label)
+            rows.append(
+                {
+                    "plan": label,
+                    "collective_ratio": _ratio(x["predicted_collective_bytes"],
+                                               x["collective_bytes"]),  # fmt: skip
+                    "peak_memory_ratio": _ratio(x["predicted_peak_bytes"], x["peak_bytes"]),
+                    "argument_ratio": _ratio(x["predicted_argument_bytes"], x["argument_bytes"]),
+                    "predicted_collective_bytes": x["predicted_collective_bytes"],
+                    "collective_bytes": x["collective_bytes"],
+                    "predicted_peak_bytes": x["predicted_peak_bytes"],
+                    "peak_bytes": x["peak_bytes"],
+                    "ok": x["ok"],
+                }
+            )
+    return {
+        "collectives": _summary([(r["plan"], r["collective_ratio"]) for r in rows]),
+        "peak_memory": _summary([(r["plan"], r["peak_memory_ratio"]) for r in rows]),
+        "argument_memory": _summary([(r["plan"], r["argument_ratio"]) for r in rows]),
+        "verify_ok": sum(1 for r in rows if r["ok"]),
+        "rows": rows,
+    }
+
+
+# ----------------------------------------------------------------------------- the suite
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("jax", "jaxlib", "ortools", "partir"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def fake_devices(n: int = DEVICES) -> None:
+    """Give JAX `n` CPU devices before its backend starts (a no-op once it has)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    try:
+        if jax.config.jax_num_cpu_devices < n:
+            jax.config.update("jax_num_cpu_devices", n)
+    except Exception:  # the backend already started; bigger meshes are not compiled
+        pass
+
+
+def run(
+    cases: Sequence[Case] | None = None,
+    *,
+    quick: bool = False,
+    scaling: Sequence[int] | None = None,
+    scaling_size: dict[str, Any] | None = None,
+    pruning: Sequence[Case] | None = None,
+    xla: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Run the suite; returns the one JSON-able object that `--json` prints.
+
+    Defaults: the full or quick case list; scaling at 12..96 layers (quick: 12, 24); pruning
+    off for the natural-schedule cases on 2-D meshes (quick: the tiny ones)."""
+    import jax
+
+    fake_devices(DEVICES)
+    t0 = time.perf_counter()
+    if cases is None:
+        cases = quick_cases() if quick else full_cases()
+    if scaling is None:
+        scaling = SCALING_LAYERS[:2] if quick else SCALING_LAYERS
+    if pruning is None:
+        pruning = [c for c in cases if c.schedule == "natural" and len(c.mesh) == 2
+                   and (c.size == "tiny" or not quick)]  # fmt: skip
+    devices = len(jax.devices())
+    programs, xla_cache, expert_cache = _Programs(), {}, {}
+    results: dict[Case, dict] = {}
+    for i, c in enumerate(cases):
+        if progress:
+            progress(f"[{i + 1}/{len(cases)}] {c.label}")
+        results[c] = run_case(
+            c,
+            programs,
+            xla=xla and c.devices <= devices,
+            xla_cache=xla_cache,
+            expert_cache=expert_cache,
+        )
+    case_list = [results[c] for c in cases]
+    prune_rows = run_pruning(pruning, results, programs, progress)
+    expert_cache.clear()
+    scaling_result = run_scaling(scaling, scaling_size, progress=progress) if scaling else None
+    return {
+        "format": "partir-bench/1",
+        "quick": quick,
+        "device": DEVICE,
+        "memory_limit": MEMORY_LIMIT,
+        "note": "step times and memory are cost-model estimates for the device; compare them as "
+        "ratios. Seconds are wall-clock on the machine that ran the bench: indicative only.",
+        "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), **_versions()},
+        "xla_devices": devices,
+        "wall_seconds": time.perf_counter() - t0,
+        "cases": case_list,
+        "scaling": scaling_result,
+        "fidelity": fidelity(case_list),
+        "pruning": prune_rows,
+    }
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _mesh_str(mesh: dict[str, int]) -> str:
+    return "x".join(str(n) for n in mesh.values())
+
+
+def _bytes(n: float | None) -> str:
+    from partir.ir.cost import fmt_bytes
+
+    return "-" if n is None else fmt_bytes(n)
+
+
+def _secs(s: float | None) -> str:
+    from partir.ir.cost import fmt_seconds
+
+    return "-" if s is None else fmt_seconds(s)
+
+
+def _x(r: float | None, digits: int = 2) -> str:
+    return "-" if r is None else f"{r:.{digits}f}"
+
+
+def _case_row(r: dict) -> list[str]:
+    e, s, x = r.get("expert"), r.get("searched"), r.get("xla") or {}
+    if "error" in r:
+        return [r["model"], r["size"], _mesh_str(r["mesh"]), r["schedule"],
+                "error: " + r["error"][:60], *["-"] * 10]  # fmt: skip
+    mark = lambda c: "" if c is None or c["fits"] else " *"  # noqa: E731
+    return [
+        r["model"],
+        r["size"],
+        _mesh_str(r["mesh"]),
+        r["schedule"],
+        e["name"] if e else "-",
+        _secs(e["step_time_s"]) if e else "-",
+        _secs(s["step_time_s"]),
+        _x(r.get("ratio")),
+        (f"{_x(r['same_schedule_ratio'])} {r['same_schedule_expert']['name']}"
+         if r.get("same_schedule_expert") else "-"),
+        (_bytes(e["peak_memory_bytes"]) + mark(e)) if e else "-",
+        _bytes(s["peak_memory_bytes"]) + mark(s),
+        f"{s['seconds']:.1f}",
+        str(s["episodes"]),
+        _x(x.get("collective_ratio")),
+        _x(x.get("memory_ratio")),
+    ]
+
+
+CASE_COLUMNS = ["model", "size", "mesh", "schedule", "expert", "expert step", "searched step",
+                "ratio", "same-schedule ratio", "expert mem", "searched mem", "search s", "episodes", "XLA coll",
+                "XLA mem"]  # fmt: skip
+CASE_CAPTION = (
+    "expert = the fastest expert plan (or replicated) within the limit; ratio = searched / "
+    "expert estimated step time (< 1: partir is faster); same-schedule ratio = searched / the "
+    "expert plan made of the schedule's own strategies, where one exists; mem = estimated "
+    "peak per device, * over the limit; XLA coll / XLA mem = searched / expert per-device "
+    "collective bytes and peak memory as XLA:CPU compiles them (meshes <= 8 devices)."
+)
+
+
+def _scaling_rows(s: dict) -> list[list[str]]:
+    return [
+        [str(r["layers"]), str(r.get("ops", "-")), _x(r.get("trace_seconds")),
+         _x(r.get("seconds")), str(r.get("episodes", "-")), _x(r.get("time_ratio")),
+         _x(r.get("ops_ratio")), _x(r.get("ratio_to_expert"))]
+        for r in s["rows"]
+    ]  # fmt: skip
+
+
+SCALING_COLUMNS = ["layers", "ops", "trace s", "search s", "episodes", "search time ratio",
+                   "ops ratio", "step ratio to expert"]  # fmt: skip
+
+
+def _fidelity_summary_rows(f: dict) -> list[list[str]]:
+    rows = []
+    for what, key in (("collective bytes", "collectives"), ("peak memory", "peak_memory"),
+                      ("argument memory", "argument_memory")):  # fmt: skip
+        s = f[key]
+        worst = s.get("worst") or {}
+        rows.append([what, str(s["plans"]), _x(s.get("geomean"), 3), _x(s.get("mean"), 3),
+                     str(s.get("within_5pct", "-")), _x(worst.get("ratio"), 3),
+                     worst.get("plan", "-")])  # fmt: skip
+    return rows
+
+
+FIDELITY_COLUMNS = ["predicted / XLA", "plans", "geomean", "mean", "within 5%", "worst",
+                    "worst plan"]  # fmt: skip
+
+
+def _pruning_rows(rows: list[dict]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        on, off = r["cpsat"], r["none"]
+        if "error" in on or "error" in off:
+            out.append([r["model"], r["size"], _mesh_str(r["mesh"]),
+                        "error: " + str(on.get("error") or off.get("error"))[:60],
+                        *["-"] * 7])  # fmt: skip
+            continue
+        out.append([
+            r["model"], r["size"], _mesh_str(r["mesh"]),
+            f"{on['actions_after']} ({on['pruned']} pruned)", str(off["actions_after"]),
+            f"{on['episodes_to_best']} / {off['episodes_to_best']}",
+            f"{on['seconds_to_best']:.2f} / {off['seconds_to_best']:.2f}",
+            f"{on['seconds']:.2f} / {off['seconds']:.2f}",
+            _x(r.get("seconds_ratio")), _x(r.get("step_time_ratio"), 3),
+            ("yes" if on["fits"] else "no") + " / " + ("yes" if off["fits"] else "no"),
+        ])  # fmt: skip
+    return out
+
+
+PRUNING_COLUMNS = ["model", "size", "mesh", "actions (cpsat)", "actions (none)",
+                   "episodes to best (cpsat / none)", "s to best", "search s",
+                   "time off / on", "step off / on", "fits"]  # fmt: skip
+
+
+def losses(result: dict) -> list[dict]:
+    """Cases where the searched plan is slower than the best expert (ratio > 1)."""
+    return [r for r in result["cases"] if r.get("ratio") is not None and r["ratio"] > 1 + 1e-9]
+
+
+def anomalies(result: dict) -> list[str]:
+    """Things worth a look: plans over the limit, failures, XLA far from the prediction."""
+    out = []
+    for r in result["cases"]:
+        name = f"{r['model']} {r['size']} {_mesh_str(r['mesh'])} {r['schedule']}"
+        if "error" in r:
+            out.append(f"{name}: {r['error']}")
+            continue
+        if not r["searched"]["fits"]:
+            out.append(f"{name}: the searched plan is over the memory limit")
+        if r.get("expert") and not r["expert"]["fits"]:
+            out.append(f"{name}: no expert plan fits the memory limit")
+        for who, x in (r.get("xla") or {}).items():
+            if isinstance(x, dict) and "error" in x:
+                out.append(f"{name}: XLA compile of the {who} plan failed: {x['error'][:120]}")
+    for row in result["fidelity"]["rows"]:
+        if _log_distance(row["collective_ratio"]) > math.log(1.5):
+            out.append(
+                f"{row['plan']}: predicted {_bytes(row['predicted_collective_bytes'])} of "
+                f"collectives, XLA {_bytes(row['collective_bytes'])}"
+            )
+    return out
+
+
+def print_tables(result: dict, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stderr, highlight=False, width=200)
+
+    def table(title, columns, rows, caption=None):
+        t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+        for i, col in enumerate(columns):
+            t.add_column(col, justify="left" if i < 5 else "right")
+        for row in rows:
+            t.add_row(*row)
+        console.print(t)
+
+    title = f"partir bench{' --quick' if result['quick'] else ''}: searched plans against " \
+            f"expert plans ({result['device']}, limit {result['memory_limit']})"  # fmt: skip
+    table(title, CASE_COLUMNS, [_case_row(r) for r in result["cases"]], CASE_CAPTION)
+    if result.get("scaling"):
+        s = result["scaling"]
+        table(f"scaling: gpt d_model={s['size']['d_model']} on {_mesh_str(s['mesh'])} "
+              f"({s['strategies']})", SCALING_COLUMNS, _scaling_rows(s))  # fmt: skip
+    table("fidelity: cost model / XLA, per device", FIDELITY_COLUMNS,
+          _fidelity_summary_rows(result["fidelity"]))  # fmt: skip
+    if result.get("pruning"):
+        table("CP-SAT pruning on / off", PRUNING_COLUMNS, _pruning_rows(result["pruning"]))
+    lost = losses(result)
+    console.print(f"{len(lost)} of {sum(1 for r in result['cases'] if 'ratio' in r)} cases "
+                  f"slower than the best expert; {result['wall_seconds']:.0f} s in all")  # fmt: skip
+
+
+def _md_table(columns: list[str], rows: list[list[str]]) -> str:
+    def cell(s: str) -> str:
+        return str(s).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown(result: dict) -> str:
+    """The report: what was run, the tables, the losses and anomalies."""
+    m = result["machine"]
+    cmd = "partir bench" + (" --quick" if result["quick"] else "")
+    parts = [
+        "# partir benchmarks",
+        "",
+        f"Generated by `{cmd}` on {result['generated']} ({m['cpus']} CPUs, jax {m['jax']}, "
+        f"ortools {m['ortools']}, Python {m['python']}); {result['wall_seconds']:.0f} s in all. "
+        "Regenerate with `partir bench --report docs/benchmarks.md` (see "
+        "`benchmarks/README.md`).",
+        "",
+        f"Step times and memory are the cost model's estimates per device for "
+        f"`{result['device']}` with a memory limit of {result['memory_limit']}; read them as "
+        "ratios within this run. Search seconds are wall-clock on the machine above and only "
+        "indicative. XLA figures come from compiling the plans on "
+        f"{result['xla_devices']} fake CPU devices from abstract arguments (meshes of at "
+        "most that many devices); XLA:CPU lowers reduce-scatter as all-reduce, so "
+        "collectives are compared in its kinds.",
+        "",
+        "## Searched plans against expert plans",
+        "",
+        "Natural schedules: data axis batch + zero(stage=3) (gns: batch on the edge inputs); "
+        "2-D model axis megatron (moe: expert + megatron); 3-D data x fsdp x tensor: batch, "
+        "fsdp, megatron (moe: expert + megatron). `auto`: auto on every axis. The expert is "
+        "the fastest expert plan that fits the limit (the library's BP, Z1-3, MP, BP+MP, "
+        "BP+MP+Z3, BP+EMB, EP, EDGE, NODE, EDGE+Z3, which use the first two mesh axes, and "
+        "on 3-D meshes BP+FSDP, BP+FSDP+MP, BP+FSDP+EP, EDGE+FSDP).",
+        "",
+        _md_table(CASE_COLUMNS, [_case_row(r) for r in result["cases"]]),
+        "",
+        CASE_CAPTION,
+        "",
+    ]
+    lost = losses(result)
+    parts += ["### Where partir loses", ""]
+    if lost:
+        for r in lost:
+            parts.append(
+                f"- {r['model']} {r['size']} {_mesh_str(r['mesh'])} {r['schedule']} "
+                f"({r['strategies']}): {r['ratio']:.3f}x {r['expert']['name']}"
+            )
+    else:
+        parts.append("- nowhere: every searched plan is at least as fast as the best expert.")
+    parts.append("")
+    if result.get("scaling"):
+        s = result["scaling"]
+        size = ", ".join(f"{k}={v}" for k, v in s["size"].items())
+        parts += [
+            "## Scaling",
+            "",
+            f"gpt ({size}) on {_mesh_str(s['mesh'])}, {s['strategies']}; search seconds "
+            f"exclude tracing; ratios are to the {s['rows'][0]['layers']}-layer model.",
+            "",
+            _md_table(SCALING_COLUMNS, _scaling_rows(s)),
+            "",
+        ]
+    f = result["fidelity"]
+    parts += [
+        "## Fidelity: the cost model against XLA",
+        "",
+        f"Predicted over compiled, per device, for the {len(f['rows'])} plans compiled "
+        f"({f['verify_ok']} pass `partir verify`: collectives within 5 % per kind, argument "
+        "bytes exact). Peak memory is an estimate and is not held to a tolerance.",
+        "",
+        _md_table(FIDELITY_COLUMNS, _fidelity_summary_rows(f)),
+        "",
+        _md_table(
+            ["plan", "collectives predicted", "XLA", "ratio", "peak predicted", "XLA", "ratio"],
+            [[r["plan"], _bytes(r["predicted_collective_bytes"]), _bytes(r["collective_bytes"]),
+              _x(r["collective_ratio"], 3), _bytes(r["predicted_peak_bytes"]),
+              _bytes(r["peak_bytes"]), _x(r["peak_memory_ratio"], 3)] for r in f["rows"]],
+        ),  # fmt: skip
+        "",
+    ]
+    if result.get("pruning"):
+        parts += [
+            "## CP-SAT pruning",
+            "",
+            "The 2-D natural-schedule searches again with `Search(prune=None)`. Episodes and "
+            "seconds to best: the last improvement of each axis's best-reward curve, summed "
+            "over axes.",
+            "",
+            _md_table(PRUNING_COLUMNS, _pruning_rows(result["pruning"])),
+            "",
+        ]
+    notes = anomalies(result)
+    if notes:
+        parts += ["## Anomalies", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(parts)
+
+
+def main(quick: bool = False, as_json: bool = False, report: str | None = None) -> int:
+    """`partir bench`: tables on stderr, `--json` one object on stdout, a markdown report."""
+    from rich.console import Console
+
+    fake_devices(DEVICES)
+    console = Console(stderr=True, highlight=False)
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        console.print(f"[dim]{time.perf_counter() - t0:6.1f} s[/dim]  {msg}")
+
+    result = run(quick=quick, progress=progress)
+    print_tables(result)
+    path = report or DEFAULT_REPORT
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(markdown(result))
+    console.print(f"report written to {path}")
+    if as_json:
+        print(json.dumps(result, default=_json_default))
+    return 0
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, tuple | set):
+        return list(x)
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)

@@ -1,0 +1,94 @@
+"""Every model of the zoo x every expert plan that applies: on 8 fake CPU devices the
+sharded step equals the unsharded one, and XLA's collectives match the cost model."""
+
+import functools
+
+import jax
+import pytest
+
+from partir.goal import Goal
+from partir.ir.xla import as_cpu_kinds, stats_of_compiled
+from partir.models import MODELS
+from partir.solver.verify import close
+from partir.strategies.experts import expert_plans
+from partir.testing import max_relative_error
+
+# f32, sharded against unsharded: reductions run in another order, and an Adam step
+# amplifies that rounding in elements whose gradient is near its epsilon; the worst seen
+# over the zoo is 1.5e-5 (gpt BP+MP, mlp/w_out of layer 0), so 1e-5 holds for most plans
+# but not all.
+TOLERANCE = 3e-5
+MESHES = {"1d": {"batch": 8}, "2d": {"batch": 2, "model": 4}}
+
+# Where XLA:CPU moves part of the data differently from the cost model (it replaces some
+# all-gathers by collective-permutes on a 2-D mesh, or gathers the updates of top_k's
+# gradient scatter in full): held on total bytes instead of per kind.
+TOTAL_ONLY = {
+    ("gpt", "2d", "BP+MP+Z3"),
+    ("gns", "1d", "EDGE+Z3"),
+    ("moe", "1d", "BP"),
+    ("moe", "2d", "BP"),
+    ("moe", "2d", "BP+EMB"),
+    ("moe", "2d", "EP"),
+    ("moe", "2d", "BP+MP"),
+}
+# Where even the totals differ by more than 5%: known gaps of the cost model, kept as
+# strict xfails so that a fix shows up. (mlp BP+MP+Z3: XLA gathers 11.5 KiB where 7.4 KiB
+# is predicted; gns EDGE+Z3 on 2-D: 141 KiB of collective-permutes; moe EP: XLA
+# all-reduces 73 KiB where 107 KiB is predicted; moe BP+MP and BP+MP+Z3, Megatron on the
+# attention only: 400 KiB of collective-permutes that the cost model does not predict.)
+KNOWN_GAPS = {
+    ("mlp", "2d", "BP+MP+Z3"),
+    ("gns", "2d", "EDGE+Z3"),
+    ("moe", "1d", "EP"),
+    ("moe", "2d", "BP+MP+Z3"),
+}
+
+
+@functools.cache
+def setup(model: str, mesh: str):
+    m = MODELS[model]
+    args = m.example_args(abstract=False, preset="tiny")
+    goal = Goal(m.train_step, args, MESHES[mesh])
+    expected = jax.jit(m.train_step)(*args)
+    return goal, args, expected, expert_plans(goal)
+
+
+def _names(model, mesh):
+    m = MODELS[model]
+    goal = Goal(m.train_step, m.example_args(preset="tiny"), MESHES[mesh])
+    from partir.strategies.experts import expert_schedules
+
+    return list(expert_schedules(goal))
+
+
+CASES = [
+    pytest.param(
+        model, mesh, name,
+        marks=[pytest.mark.xfail(strict=True, reason="known cost-model gap")]
+        if (model, mesh, name) in KNOWN_GAPS else [],
+        id=f"{model}-{mesh}-{name}",
+    )
+    for model in MODELS
+    for mesh in MESHES
+    for name in _names(model, mesh)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("model, mesh, name", CASES)
+def test_expert_plan_runs_sharded_and_matches_xla(model, mesh, name):
+    goal, args, expected, plans = setup(model, mesh)
+    plan = plans[name]
+    compiled = plan.jit().lower(*args).compile()
+    err = max_relative_error(compiled(*args), expected)
+    assert err <= TOLERANCE, f"max relative error {err:.2e}"
+    stats = stats_of_compiled(compiled)
+    assert plan.cost.argument_bytes == stats.argument_bytes
+    predicted = as_cpu_kinds(plan.cost.bytes_by_kind())
+    measured = as_cpu_kinds(stats.bytes_by_kind())
+    if (model, mesh, name) in TOTAL_ONLY | KNOWN_GAPS:
+        assert close(sum(predicted.values()), sum(measured.values())), (predicted, measured)
+    else:
+        bad = {k: (predicted[k], measured[k]) for k in predicted
+               if not close(predicted[k], measured[k])}  # fmt: skip
+        assert not bad, f"(predicted, XLA) bytes per kind: {bad}"
