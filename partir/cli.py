@@ -225,7 +225,7 @@ def cmd_explain(args) -> int:
 
     goal = _load(args.goal)
     plan = _load_plan(goal, args.plan)
-    _console().print(explain(goal, plan, plot=args.plot))
+    print(explain(goal, plan, plot=args.plot))
     return EXIT_OK
 
 

@@ -101,8 +101,9 @@ class Plan:
                     rules.append((key, to_spec(members[0][1])))
                 continue
             by_layer: dict[str, list[tuple[str, Sharding]]] = {}
-            for path, s in members:
-                by_layer.setdefault(layer_pattern(path), []).append((path, s))
+            for path, s in members:  # the layers disagree: one rule per layer if its
+                t = tail(path)  # parameter and moments agree, else one per path
+                by_layer.setdefault("**/" + t if t else path, []).append((path, s))
             for pattern, ms in by_layer.items():
                 if len({s for _, s in ms}) == 1:
                     if any(ms[0][1]):

@@ -90,11 +90,18 @@ def max_relative_error(a, b, *, floor: float = 1e-2) -> float:
         for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
     ]
     pairs = [(x, y) for x, y in pairs if np.issubdtype(y.dtype, np.floating) and y.size]
-    overall = max((float(np.max(np.abs(y))) for _, y in pairs), default=0.0)
+    overall = max((float(np.max(np.abs(np.where(np.isfinite(y), y, 0.0)))) for _, y in pairs),
+                  default=0.0)  # fmt: skip
     worst = 0.0
     for x, y in pairs:
-        scale = max(float(np.max(np.abs(y))), floor * overall) or 1.0
-        worst = max(worst, float(np.max(np.abs(x.astype(np.float64) - y))) / scale)
+        x, y = x.astype(np.float64), y.astype(np.float64)
+        same = (x == y) | (np.isnan(x) & np.isnan(y))  # equal infinities and NaNs agree
+        if not np.all(same | (np.isfinite(x) & np.isfinite(y))):
+            return float("inf")  # a NaN or infinity on one side only
+        with np.errstate(invalid="ignore"):  # inf - inf where `same` masks it anyway
+            finite = np.where(same, 0.0, np.abs(x - y))
+        scale = max(float(np.max(np.abs(np.where(np.isfinite(y), y, 0.0)))), floor * overall)
+        worst = max(worst, float(np.max(finite)) / (scale or 1.0))
     return worst
 
 

@@ -1,0 +1,48 @@
+"""The partir command: exit statuses, --json, the plan file, rules, verify, explain."""
+
+import json
+import pathlib
+
+from partir.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MLP = str(ROOT / "examples" / "mlp.partir")
+
+
+def test_check_ok(capsys):
+    assert main(["check", MLP]) == 0
+    assert "ok:" in capsys.readouterr().err
+
+
+def test_bad_goal_file_exits_2_with_the_place_and_no_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.partir"
+    bad.write_text(pathlib.Path(MLP).read_text().replace("megatron", "megatorn"))
+    assert main(["check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:9:" in err and "did you mean 'megatron'?" in err
+    assert "Traceback" not in err
+    assert main(["check", str(tmp_path / "missing.partir")]) == 2
+
+
+def test_solve_json_out_rules_verify_explain(tmp_path, capsys):
+    out, rules = tmp_path / "plan.json", tmp_path / "rules.py"
+    assert main(["solve", MLP, "--json", "--out", str(out), "--rules", str(rules)]) == 0
+    printed = json.loads(capsys.readouterr().out)  # exactly one object on stdout
+    assert printed["format"] == "partir-plan/1" == json.loads(out.read_text())["format"]
+    assert set(printed) >= {"mesh", "device", "specs", "out_specs", "cost", "baselines",
+                            "search", "goal"}  # fmt: skip
+    namespace: dict = {}
+    exec(rules.read_text(), namespace)
+    assert namespace["RULES"][-1][0] == "**"
+    assert main(["verify", MLP, str(out), "--json", "--numerics"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["numerics"]["max_relative_error"] <= 1e-5
+    assert main(["explain", MLP, str(out)]) == 0
+    assert "where the collectives come from" in capsys.readouterr().out
+
+
+def test_memory_limit_that_cannot_be_met_exits_3(tmp_path, capsys):
+    goal = tmp_path / "tight.partir"
+    goal.write_text(pathlib.Path(MLP).read_text().replace("16GiB", "1KiB"))
+    assert main(["solve", str(goal)]) == 3
+    assert "smallest possible per-device memory" in capsys.readouterr().err

@@ -1,0 +1,131 @@
+"""The search: strategies compile to constraints, MCTS composes them, CP-SAT prunes."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import partir
+from partir import strategies as st
+from partir.models import gpt, mlp
+from partir.solver.actions import find_groups
+from partir.solver.prune import InfeasibleMemory
+from partir.testing import check_plan
+
+S = jax.ShapeDtypeStruct
+
+
+def gpt_goal(mesh=None, schedule=None, **kw):
+    args = gpt.example_args(preset="tiny", batch=64, seq=32, d_model=64, heads=8)
+    return partir.Goal(
+        gpt.train_step, args, mesh or {"batch": 2, "model": 4}, device="tpu-v4",
+        schedule=schedule if schedule is not None else
+        [st.batch("batch"), st.zero("batch", 3), st.megatron("model")],
+        search=partir.Search(seed=0), **kw,
+    )  # fmt: skip
+
+
+def test_groups_tie_params_to_moments_and_layers():
+    goal = gpt_goal()
+    groups = {g.name: g for g in find_groups(goal)}
+    q = groups["layers/*/attn/q"]
+    assert len(q.params) == 2 and len(q.moments) == 4  # 2 layers x (param, mu, nu)
+    assert groups["batch/tokens"].data and not groups["batch/tokens"].params
+
+
+def test_searched_plan_is_valid_and_beats_the_applicable_experts():
+    goal = gpt_goal()
+    plan = partir.solve(goal)
+    check_plan(goal, plan)
+    best = min(plan.baselines[n].step_time_s for n in ("BP", "BP+MP", "BP+MP+Z3"))
+    assert plan.cost.step_time_s <= best * 1.0001
+    assert plan.search["actions_after"] < plan.search["actions_before"]
+    assert plan.specs["batch/tokens"][0] == "batch"
+
+
+def test_megatron_axis_finds_head_and_hidden_parallel_layers():
+    args = gpt.example_args(preset="small", layers=4)
+    goal = partir.Goal(gpt.train_step, args, {"batch": 2, "model": 4}, device="tpu-v4",
+                       schedule=[st.batch("batch"), st.megatron("model")])  # fmt: skip
+    plan = partir.solve(goal, baselines=False)
+    assert plan.specs["params/layers/0/attn/q"][1] == "model"  # heads
+    assert plan.specs["params/layers/0/attn/o"][0] == "model"
+    assert plan.specs["params/layers/0/mlp/w_in"][1] == "model"  # hidden, column-parallel
+    assert plan.specs["params/layers/0/mlp/w_out"][0] == "model"  # row-parallel
+    assert plan.specs["batch/tokens"] == partir.Plan.from_json(plan.to_json()).specs["batch/tokens"]
+
+
+def test_search_is_deterministic_for_a_seed_and_respects_an_episode_budget():
+    goal = gpt_goal()
+    goal.search = partir.Search(seed=3, episodes=8)
+    a, b = partir.solve(goal, baselines=False), partir.solve(goal, baselines=False)
+    assert a.specs == b.specs
+    assert a.search["episodes"] <= 8
+
+
+def test_auto_on_every_axis_is_no_worse_than_data_parallel():
+    args = mlp.example_args(preset="small")
+    goal = partir.Goal(mlp.train_step, args, {"a": 2, "b": 4}, device="tpu-v4",
+                       schedule=[st.auto("a"), st.auto("b")],
+                       search=partir.Search(seed=0))  # fmt: skip
+    plan = partir.solve(goal)
+    check_plan(goal, plan)
+    assert plan.cost.step_time_s <= plan.baselines["BP"].step_time_s
+
+
+def test_memory_limit_that_cannot_be_met_says_why():
+    goal = gpt_goal(memory_limit="64KiB")
+    with pytest.raises(InfeasibleMemory, match=r"smallest possible per-device memory is .*"
+                                               r"the limit is 64.00 KiB"):  # fmt: skip
+        partir.solve(goal)
+
+
+def test_cpsat_forces_tiling_when_memory_is_tight():
+    tx = optax.adam(1e-3)
+
+    def step(params, opt_state, batch):
+        def loss(p):
+            return jnp.mean((jnp.tanh(batch["x"] @ p["w1"]) @ p["w2"] - batch["y"]) ** 2)
+
+        v, g = jax.value_and_grad(loss)(params)
+        u, opt_state = tx.update(g, opt_state, params)
+        return optax.apply_updates(params, u), opt_state, {"loss": v}
+
+    params = {"w1": S((1024, 1024), jnp.float32), "w2": S((1024, 1024), jnp.float32)}
+    args = (params, jax.eval_shape(tx.init, params),
+            {"x": S((8, 1024), jnp.float32), "y": S((8, 1024), jnp.float32)})  # fmt: skip
+    free = partir.Goal(step, args, {"m": 8}, schedule=[st.megatron("m")])
+    limit = free.cost_model.cost(free.propagator.empty()).peak_memory_bytes // 3
+    goal = partir.Goal(step, args, {"m": 8}, memory_limit=limit, schedule=[st.megatron("m")])
+    plan = partir.solve(goal, baselines=False)
+    assert plan.cost.fits
+    unpruned = partir.Goal(
+        step,
+        args,
+        {"m": 8},
+        memory_limit=limit,
+        schedule=[st.megatron("m")],
+        search=partir.Search(prune=None),
+    )
+    assert partir.solve(unpruned, baselines=False).cost.fits
+
+
+def test_manual_tile_and_replicate_are_honoured():
+    goal = gpt_goal(schedule=[st.batch("batch"), st.megatron("model"),
+                              st.tile("params/embed", 0, "model"),
+                              st.replicate("params/**/scale", "model")])  # fmt: skip
+    plan = partir.solve(goal, baselines=False)
+    assert plan.specs["params/embed"][0] == "model"
+    assert all("model" not in str(s) for p, s in plan.specs.items() if p.endswith("/scale"))
+
+
+def test_json_round_trip():
+    goal = gpt_goal()
+    goal.search = partir.Search(seed=0, episodes=5)
+    plan = partir.solve(goal, baselines=False)
+    again = partir.Plan.from_json(plan.to_json(), goal)
+    assert again.specs == plan.specs and again.out_specs == plan.out_specs
+    loose = partir.Plan.from_json(plan.to_json())
+    assert loose.specs == plan.specs
+    assert loose.cost.step_time_s == pytest.approx(plan.cost.step_time_s)
+    assert dict(plan.to_rules())["**/layers/*/attn/q"] == plan.specs["params/layers/0/attn/q"]
