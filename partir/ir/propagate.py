@@ -24,14 +24,19 @@ Axes = tuple[str, ...]
 Sharding = tuple[Axes, ...]
 
 
-@dataclasses.dataclass(frozen=True, order=True)
+@dataclasses.dataclass(frozen=True)
 class Decision:
-    """Tile `value` along `dim` on mesh `axis`. Lower `priority` is applied first."""
+    """Tile `value` along `dim` on mesh `axis`. Lower `priority` is applied first;
+    `position` orders several axes on one dim (0 is the major one)."""
 
     priority: int
     value: int
     dim: int
     axis: str
+    position: int = 0
+
+    def sort_key(self) -> tuple:
+        return (self.priority, self.value, self.dim, self.position, self.axis)
 
 
 class State:
@@ -150,7 +155,7 @@ class Propagator:
         decisions came in; a tie goes to the lower (value, dim, axis)."""
         rejected: list[Decision] = []
         groups: dict[int, list[Decision]] = {}
-        for d in sorted(set(decisions)):
+        for d in sorted(set(decisions), key=Decision.sort_key):
             groups.setdefault(d.priority, []).append(d)
         for prio in sorted(groups):
             state, bad = self._apply_group(state, groups[prio])

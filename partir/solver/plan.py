@@ -197,7 +197,11 @@ def input_decisions(
                                len(shape))  # fmt: skip
         check_sharding(path, shape, sharding, goal.mesh)
         prio = priority + (1 if path in state_paths else 0)
-        decisions += [Decision(prio, vid, d, a) for d, axes in enumerate(sharding) for a in axes]
+        decisions += [
+            Decision(prio, vid, d, a, position=k)
+            for d, axes in enumerate(sharding)
+            for k, a in enumerate(axes)
+        ]
     return decisions
 
 
