@@ -17,13 +17,53 @@ def _where(source: str) -> str:
     return f"{parts[0].rsplit('/', 1)[-1]}:{parts[1] if len(parts) > 1 else ''} {fn}".strip()
 
 
+def layer_of_ops(goal) -> list[str]:
+    """A layer name per op: the layer (`layers/3`, `embed`, ...) of the nearest op at or
+    before it, in program order, that reads a parameter or optimizer state directly.
+    Forward and backward ops of a layer both read its weights, so they land in it."""
+    prog = goal.program
+    tag_of_input = {}
+    for path, vid in prog.inputs.items():
+        parts = path.split("/")
+        if "layers" in parts and parts.index("layers") + 1 < len(parts):
+            i = parts.index("layers")
+            tag_of_input[vid] = "/".join(parts[i : i + 2])
+        elif path.startswith("params/"):
+            tag_of_input[vid] = parts[1]
+    out, current = [], "(inputs)"
+    for op in prog.ops:
+        for v in op.inputs:
+            if v in tag_of_input and op.primitive != "_link":
+                current = tag_of_input[v]
+                break
+        out.append(current)
+    return out
+
+
+def per_layer(goal, plan) -> dict[str, tuple[float, float]]:
+    """{layer: (compute seconds, communication seconds)} of the plan's cost."""
+    model, prog = goal.cost_model, goal.program
+    dev = goal.device
+    layers = layer_of_ops(goal)
+    out: dict[str, list[float]] = {}
+    for op, layer in zip(prog.ops, layers):
+        c = model.op_cost(op.index, plan.state)
+        row = out.setdefault(layer, [0.0, 0.0])
+        row[0] += op.multiplicity * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
+        row[1] += op.multiplicity * sum(model.collective_time(k, a, b) for k, a, b, _ in
+                                        c.collectives)  # fmt: skip
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 def explain(goal, plan, *, plot: str | None = None, top: int = 25) -> str:
     cost = plan.cost
     model = goal.cost_model
+    layers = layer_of_ops(goal)
     rows: dict[tuple[str, str, tuple], list[float]] = defaultdict(lambda: [0, 0.0, 0])
     for c in cost.collectives:
         op_kind = c.source.split(" (op")[0]
-        key = (c.kind, f"{op_kind} at {_where(c.source)}", c.axes)
+        op_index = int(c.source.split("(op ")[1].split(")")[0]) if "(op " in c.source else 0
+        key = (c.kind, f"{layers[op_index]}: {op_kind} at {_where(c.source)}", c.axes)
         r = rows[key]
         r[0] += c.total_bytes
         r[1] += c.count * model.collective_time(c.kind, c.axes, c.bytes)
@@ -35,6 +75,9 @@ def explain(goal, plan, *, plot: str | None = None, top: int = 25) -> str:
             f"{kind:<19}{','.join(axes):<16}{n:>6}{fmt_bytes(nbytes):>12}{fmt_seconds(t):>12}  "
             f"{where}"
         )
+    lines += ["", "per layer (estimates):", f"{'layer':<22}{'compute':>12}{'comm':>12}"]
+    for layer, (comp, comm) in per_layer(goal, plan).items():
+        lines.append(f"{layer:<22}{fmt_seconds(comp):>12}{fmt_seconds(comm):>12}")
     axes = plan.search.get("axes", [])
     if axes:
         lines += ["", "decisions, axis by axis (schedule order):"]
@@ -71,4 +114,20 @@ def _plot(plan, prefix: str) -> str:
     path = f"{prefix}-search.png"
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
-    return f"wrote {path}"
+    written = [path]
+    explored = plan.search.get("explored", [])
+    if explored:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.scatter([m / 2**30 for _, m in explored], [t for t, _ in explored], s=8,
+                   label="plans explored")  # fmt: skip
+        ax.scatter([plan.cost.peak_memory_bytes / 2**30], [plan.cost.step_time_s], c="red",
+                   marker="*", s=120, label="chosen")  # fmt: skip
+        ax.set_xlabel("peak memory per device, GiB (estimate)")
+        ax.set_ylabel("step time, s (estimate)")
+        ax.set_yscale("log")
+        ax.legend()
+        path = f"{prefix}-explored.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return "wrote " + ", ".join(written)

@@ -104,6 +104,7 @@ class Scorer:
         self.log_n = math.log(1 + max(goal.num_devices, 2))
         self.cache: dict[State, float] = {}
         self.evaluations = 0
+        self.explored: list[tuple[float, int]] = []  # (step time, peak memory) per plan
 
     def metric(self, cost: Cost) -> float:
         if self.goal.objective == "memory":
@@ -116,7 +117,9 @@ class Scorer:
         hit = self.cache.get(state)
         if hit is None:
             self.evaluations += 1
-            hit = self.reward(self.model.cost(self.finish(state), detail=False))
+            cost = self.model.cost(self.finish(state), detail=False)
+            self.explored.append((cost.step_time_s, cost.peak_memory_bytes))
+            hit = self.reward(cost)
             self.cache[state] = hit
         return hit
 
@@ -240,6 +243,7 @@ def solve(
         "actions_after": sum(r.actions_after for r in records),
         "pruned": sum(r.pruned for r in records),
         "evaluations": scorer.evaluations,
+        "explored": scorer.explored,
         "axes": [dataclasses.asdict(r) for r in records],
     }
     return plan
