@@ -10,8 +10,9 @@ import re
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
 
 import partir
 from partir.cli import main as cli_main
@@ -30,6 +31,7 @@ from partir.testing import (
     programs,
     specs,
 )
+from partir.testing.strategies import Recipe, Step, TrainStep
 
 
 def examples(ci: int) -> int:
@@ -37,6 +39,15 @@ def examples(ci: int) -> int:
     (nightly: 25 times as many). For tests that compile with XLA, slow or not."""
     base = settings.get_profile("ci").max_examples
     return max(1, ci * settings().max_examples // base)
+
+
+# Tests of known partir bugs (xfail) would shrink their failure on every CI run, which
+# costs half a minute each; under the ci profile they stop at the first failing example.
+# Their minimal examples are in the xfail reasons.
+def known_failure(ci: int) -> settings:
+    if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
+        return settings(max_examples=ci, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    return settings(max_examples=examples(ci))
 
 
 def planned(data, train_step=None):
@@ -71,7 +82,7 @@ def test_propagation_does_not_depend_on_the_order_of_decisions(data):
     first, rejected = prop.apply_all(prop.empty(), decisions)
     second, rejected2 = prop.apply_all(prop.empty(), shuffled)
     assert first == second and hash(first) == hash(second)
-    assert sorted(set(rejected)) == sorted(set(rejected2))
+    assert set(rejected) == set(rejected2)
     for d in decisions:  # every decision holds, or was rejected: nothing is dropped silently
         holds = d.axis in prop.sharding(first, d.value)[d.dim]
         assert holds != (d in rejected), d
@@ -99,23 +110,8 @@ def asked(goal, spec) -> dict:
 def test_plans_from_random_specs_are_valid_and_tile_what_was_asked(data):
     goal, spec, plan = planned(data)
     check_plan(goal, plan)
-    for path, want in asked(goal, spec).items():
-        got = plan.in_shardings[path]
-        assert [sorted(d) for d in got] == [sorted(d) for d in want], path
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="make_plan sorts a dim's mesh axes by name: P(('z', 'y')) comes out as "
-    "P(('y', 'z')), another device order (Propagator.apply_all sorts the decisions of "
-    "one priority by (value, dim, axis))",
-)
-@settings(max_examples=examples(25))
-@given(st.data())
-def test_plans_keep_the_order_of_axes_on_a_dim(data):
-    goal, spec, plan = planned(data)
-    for path, want in asked(goal, spec).items():
-        assert plan.specs[path] == to_spec(want), path
+    # exactly: a dim's axes keep their order, major first (P(('z', 'y')) is not P(('y', 'z')))
+    assert plan.specs == {p: to_spec(s) for p, s in asked(goal, spec).items()}
 
 
 @settings(max_examples=examples(10))
@@ -136,11 +132,30 @@ def test_sharded_runs_match_unsharded_numerics(data):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="the cost model predicts one all-reduce over several mesh axes where XLA:CPU "
-    "emits one all-reduce per axis (twice the bytes for a sum over two axes), and other "
-    "mismatches: see the minimal examples in docs/testing.md",
+    reason="XLA:CPU miscompiles this (jax 0.10.2, Shardy and GSPMD alike): a plain "
+    "jax.jit with these in_shardings gives a loss 13% off, partir not involved; found by "
+    "test_sharded_runs_match_unsharded_numerics (nightly), see docs/testing.md",
 )
-@settings(max_examples=examples(8))
+def test_known_xla_miscompile_of_a_sharded_embedding_gradient():
+    fn = TrainStep(Recipe("embed_seq", 8, 16, seq=2, vocab=32, steps=(Step("dense", 8),)))
+    goal = partir.Goal(fn, fn.example_args(), {"x": 2, "y": 2, "z": 2})
+    spec = {"params/embed": P("y"), "opt_state/0/mu/l0/w": P("z"), "batch/tokens": P("x", "y")}
+    check_numerics(goal, make_plan(goal, spec))
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="partir's cost model disagrees with XLA:CPU on most random specs (66 of 120); "
+    "minimal examples (details in docs/testing.md): (1) sum(x), x f32[8,16] P('x'), mesh "
+    "{'x': 1}: an all-reduce over a size-1 axis predicted, none compiled; (2) sum(x), x "
+    "P('a', 'b'), {'a': 2, 'b': 2}: one all-reduce over (a, b) predicted, XLA one per axis "
+    "(twice the bytes); (3) table[tokens], table f32[16,16] P('x'), tokens i32[8] P('x'), "
+    "{'x': 2}: table all-gather (1 KiB) predicted, XLA gathers the tokens (32 B) and "
+    "all-reduces (512 B); (4) train step x f32[8,4,16] @ w f32[16,16], w P('x', None): "
+    "all-reduce of the activation (2 KiB) predicted, XLA all-gathers w; (5) "
+    "concat([h, tanh(h)], -1) @ w, w f32[32,8] P('x', None): XLA adds a 512 B all-to-all",
+)
+@known_failure(8)
 @given(st.data())
 def test_cost_model_collectives_match_xla(data):
     goal, spec, plan = planned(data)
@@ -170,10 +185,31 @@ def test_plan_json_round_trips(data):
 @given(goals())
 def test_solved_plan_json_round_trips(goal):
     plan = solve(goal)
+    text = plan.to_json()
+    bare = Plan.from_json(text)
+    assert bare.specs == plan.specs and bare.out_specs == plan.out_specs
+    assert bare.cost == plan.cost
+    again = Plan.from_json(text, goal)  # re-propagated from the input specs alone
+    assert again.specs == plan.specs and again.out_specs == plan.out_specs
+
+
+_STEP = TrainStep(Recipe("dense", 8, 16, steps=(Step("dense", 16),)))
+_SOLVED_COST_EXAMPLE = partir.Goal(
+    _STEP,
+    _STEP.example_args(),
+    {"x": 2},
+    schedule=[partir.strategies.batch("x"), partir.strategies.tile("opt_state/0/mu/l0/w", 1, "x")],
+    search=partir.Search(episodes=20),
+)
+
+
+@settings(max_examples=examples(8))
+@given(goals())
+@example(_SOLVED_COST_EXAMPLE)
+def test_solved_plan_files_reproduce_the_solved_cost(goal):
+    plan = solve(goal)
     again = Plan.from_json(plan.to_json(), goal)
-    assert again.specs == plan.specs
-    bare = Plan.from_json(plan.to_json())
-    assert bare.specs == plan.specs and bare.cost == plan.cost
+    assert again.cost == plan.cost
 
 
 # ------------------------------------------------------------------------------ goal files

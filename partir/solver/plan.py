@@ -43,6 +43,8 @@ class Plan:
         self.goal = goal
         self.state = state
         self.cost = cost
+        # the propagation calls that made `state` (a searched plan), for exact replay
+        self.decisions: list[list[Decision]] | None = None
         self.baselines = dict(baselines or {})
         self.search = dict(search or {})
         self.mesh = dict(mesh if mesh is not None else goal.mesh)
@@ -133,8 +135,16 @@ class Plan:
 
     # -- the plan file --------------------------------------------------------------
     def to_json(self) -> str:
+        record = {}
+        if self.decisions is not None and self.goal is not None:
+            paths = self.goal.program.input_paths
+            record["decisions"] = [
+                [[paths[d.value], d.dim, d.axis, d.priority, d.position] for d in call]
+                for call in self.decisions
+            ]
         return json.dumps(
             {
+                **record,
                 "format": FORMAT,
                 "mesh": self.mesh,
                 "device": self.device,
@@ -155,6 +165,8 @@ class Plan:
         if d.get("format") != FORMAT:
             raise PlanError(f"not a {FORMAT} file (format is {d.get('format')!r})")
         specs = {p: spec_from_json(e) for p, e in d["specs"].items()}
+        if goal is not None and "decisions" in d:
+            return replay(goal, d)
         if goal is not None:
             plan = make_plan(goal, {p: to_spec(s) for p, s in specs.items()})
             plan.search = d.get("search", {})
@@ -177,6 +189,26 @@ class Plan:
             f"Plan({sharded}/{len(self.in_shardings)} inputs sharded, "
             f"step {self.cost.step_time_s:.3g} s, peak {self.cost.peak_memory_bytes} B)"
         )
+
+
+def replay(goal: Goal, d: Mapping[str, Any]) -> Plan:
+    """A searched plan from its file: the recorded propagation calls, replayed in order,
+    give back the very state the search reached (input specs alone may not)."""
+    prog, prop = goal.program, goal.propagator
+    state = prop.empty()
+    calls = []
+    for call in d["decisions"]:
+        decisions = []
+        for path, dim, axis, priority, position in call:
+            if path not in prog.inputs:
+                raise PlanError(f"the plan file names input {path!r}, which the program lacks")
+            decisions.append(Decision(priority, prog.inputs[path], dim, axis, position))
+        state, _ = prop.apply_all(state, decisions)
+        calls.append(decisions)
+    plan = Plan(goal, state, goal.cost_model.cost(state), search=d.get("search", {}))
+    plan.decisions = calls
+    plan.baselines = {k: Cost.from_dict(c) for k, c in d.get("baselines", {}).items()}
+    return plan
 
 
 def input_decisions(

@@ -43,6 +43,7 @@ InfeasibleError = InfeasibleMemory  # no plan within the schedule fits the memor
 class Node:
     state: State
     done: bool
+    applied: tuple = dataclasses.field(default=(), compare=False)  # action indices, in order
 
 
 class AxisEnvironment:
@@ -78,10 +79,10 @@ class AxisEnvironment:
 
     def step(self, node: Node, action: Any) -> Node:
         if action == STOP:
-            return Node(node.state, True)
+            return Node(node.state, True, node.applied)
         a: Action = self.problem.actions[action]
         state, _ = self.prop.apply_all(node.state, a.decisions(self.problem.axis, self.priority))
-        return Node(state, False)
+        return Node(state, False, node.applied + (action,))
 
     def is_terminal(self, node: Node) -> bool:
         return node.done or self.actions(node) in ([STOP], [])
@@ -164,7 +165,9 @@ def solve(
         return prop.apply_all(state, zero_decisions(goal, state, groups, deferred))[0]
 
     scorer = Scorer(goal, replicated, finish)
-    state, rejected = prop.apply_all(prop.empty(), manual_decisions(goal))
+    calls: list[list] = []  # every apply_all call on the way, so a plan file can replay it
+    calls.append(manual_decisions(goal))
+    state, rejected = prop.apply_all(prop.empty(), calls[-1])
     if rejected:
         d = rejected[0]
         raise InfeasibleError(
@@ -180,6 +183,7 @@ def solve(
         priority = 10 * (k + 1)
         problem = compile_axis(goal, axis, state, groups, priority)
         deferred += problem.deferred
+        calls.append(problem.required)
         state, _ = prop.apply_all(state, problem.required)
         before = len(problem.actions)
         problem.actions = useful_actions(prop, state, problem.actions, axis, priority + 9)
@@ -207,6 +211,7 @@ def solve(
             progress=report,
         )
         best = result.best_state if result.best_state is not None else root
+        calls += [problem.actions[i].decisions(axis, priority + 9) for i in best.applied]
         chosen = [
             str(a)
             for a in problem.actions
@@ -229,9 +234,11 @@ def solve(
         state = best.state
         if result.stop_reason == "interrupted":
             break
-    state = finish(state)
+    calls.append(zero_decisions(goal, state, groups, deferred))
+    state = prop.apply_all(state, calls[-1])[0]
     seconds = time.perf_counter() - t0
     plan = Plan(goal, state, goal.cost_model.cost(state))
+    plan.decisions = [c for c in calls if c]
     if baselines:
         plan.baselines = {"replicated": replicated}
         plan.baselines.update({name: p.cost for name, p in expert_plans(goal).items()})

@@ -76,19 +76,25 @@ def meshes(
     sizes: Sequence[int] = MESH_SIZES,
 ) -> st.SearchStrategy[dict[str, int]]:
     """{axis name: size}: `min_axes` to `max_axes` axes with distinct names from `names`,
-    sizes from `sizes` (1, 2, 4, 8), whose product is at most `max_devices`."""
+    sizes from `sizes` (1, 2, 4, 8), whose product is at most `max_devices` (fewer than
+    `max_axes` axes when the sizes leave no room for more)."""
     if not 1 <= min_axes <= max_axes <= len(names):
         raise ValueError(f"need 1 <= min_axes <= max_axes <= {len(names)} (the names)")
-    if max_devices < 1 or not any(s <= max_devices for s in sizes):
-        raise ValueError(f"no size in {tuple(sizes)} fits max_devices={max_devices}")
+    if max_devices < 1 or not sizes or min(sizes) < 1 or min(sizes) ** min_axes > max_devices:
+        raise ValueError(
+            f"{min_axes} axes of sizes {tuple(sizes)} do not fit max_devices={max_devices}"
+        )
 
     @st.composite
     def draw_mesh(draw) -> dict[str, int]:
         n = draw(st.integers(min_axes, max_axes))
         order = draw(st.permutations(list(names)))
-        mesh, budget = {}, max_devices
-        for name in order[:n]:
-            fits = [s for s in sizes if s <= budget]
+        mesh, budget, smallest = {}, max_devices, min(sizes)
+        for k, name in enumerate(order[:n]):
+            needed = smallest ** max(0, min_axes - k - 1)  # room for the axes still owed
+            fits = [s for s in sizes if s * needed <= budget]
+            if not fits:
+                break
             size = draw(st.sampled_from(fits))
             mesh[name] = size
             budget //= size
@@ -284,10 +290,7 @@ class GeneratedProgram:
 
     def _net(self, params: Mapping, data: Mapping) -> jax.Array:
         r = self.recipe
-        if r.start.startswith("embed"):
-            h = params["embed"][data["tokens"]]
-        else:
-            h = data["x"]
+        h = params["embed"][data["tokens"]] if r.start.startswith("embed") else data["x"]
         for i, step in enumerate(r.steps):
             h = _apply_step(step, h, params.get(f"l{i}", {}), data.get(f"idx{i}"))
         return h
@@ -300,9 +303,10 @@ class GeneratedProgram:
         if r.start.startswith("embed"):
             head += f" embed{list(params['embed'])}"
         steps = " -> ".join(str(s) for s in r.steps) or "identity"
-        tail = ("loss mse(h, y)" if r.target else "loss mean(h^2)") if isinstance(
-            self, TrainStep
-        ) else "out " + ",".join(r.outputs)  # fmt: skip
+        if isinstance(self, TrainStep):
+            tail = "loss mse(h, y)" if r.target else "loss mean(h^2)"
+        else:
+            tail = "out " + ",".join(r.outputs)
         return f"{type(self).__name__}({head}: {steps} -> {tail})"
 
 
