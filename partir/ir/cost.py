@@ -206,14 +206,23 @@ class CostModel:
         return args, int(np.cumsum(diff).max())
 
     # -- per-op costs -----------------------------------------------------------------
+    def _drop_trivial(self, c: OpCost) -> OpCost:
+        """Collectives over mesh axes of size 1 move nothing: XLA emits none."""
+        kept = []
+        for kind, axes, nbytes, reuse in c.collectives:
+            axes = tuple(a for a in axes if self.mesh[a] > 1)
+            if axes:
+                kept.append((kind, axes, nbytes, reuse))
+        return c if len(kept) == len(c.collectives) else OpCost(c.flops, c.bytes, tuple(kept))
+
     def op_cost(self, i: int, state: State) -> OpCost:
         op = self.program.ops[i]
         tensors = self.prop.tensors[i]
         key = (i, tuple(state.shardings.get(v) for v, _ in tensors))
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._op_cost(op, [s or ((),) * len(self.prop.shapes[v])
-                                     for (v, _), s in zip(tensors, key[1])])  # fmt: skip
+            hit = self._drop_trivial(self._op_cost(op, [s or ((),) * len(self.prop.shapes[v])
+                                     for (v, _), s in zip(tensors, key[1])]))  # fmt: skip
             self._memo[key] = hit
         return hit
 
