@@ -56,7 +56,13 @@ def check_plan(goal, plan) -> None:
         for op in prog.ops:
             if op.primitive == "_link" and op.params["kind"] == "state":
                 src, dst = op.inputs
-                differ = prop.sharding(plan.state, src) != prop.sharding(plan.state, dst)
+
+                def real(sharding):  # axes of size 1 tile nothing
+                    return tuple(tuple(a for a in d if goal.mesh[a] > 1) for d in sharding)
+
+                differ = real(prop.sharding(plan.state, src)) != real(
+                    prop.sharding(plan.state, dst)
+                )
                 if differ and not model.op_cost(op.index, plan.state).collectives:
                     raise InvalidPlan(f"carried value {prog.input_paths[dst]} is resharded "
                                       "without a costed collective")  # fmt: skip
