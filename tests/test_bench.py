@@ -1,0 +1,53 @@
+"""The benchmark suite in tiny form, so that it cannot rot: one tiny case compiled by XLA,
+scaling at 1 and 2 layers, pruning on and off, the tables, the report and the JSON."""
+
+import io
+import json
+
+from partir import bench
+
+TINY_GPT = {"d_model": 32, "heads": 4, "seq": 16, "batch": 8, "vocab": 64}
+
+
+def test_bench_runs_in_tiny_form(tmp_path):
+    c = bench.case("mlp", "tiny", bench.MESH_2D_SMALL)
+    result = bench.run([c], scaling=[1, 2], scaling_size=TINY_GPT, pruning=[c])
+    json.dumps(result, default=bench._json_default)  # one JSON-able object
+
+    (r,) = result["cases"]
+    assert "error" not in r, r.get("error")
+    assert r["model"] == "mlp" and r["mesh"] == {"data": 2, "model": 4}
+    assert r["expert"]["name"] in r["experts"] and r["ratio"] > 0
+    assert r["searched"]["episodes"] >= 0 and r["searched"]["seconds"] >= 0
+    assert r["xla"]["searched"]["argument_bytes"] > 0
+    assert r["xla"]["expert"]["argument_bytes"] > 0
+
+    rows = result["scaling"]["rows"]
+    assert [row["layers"] for row in rows] == [1, 2]
+    assert rows[0]["time_ratio"] == 1.0 and rows[1]["ops"] > rows[0]["ops"]
+
+    f = result["fidelity"]
+    assert f["argument_memory"]["plans"] >= 1 and f["argument_memory"]["geomean"] == 1.0
+
+    (p, tight) = result["pruning"]  # mlp: at the suite's limit and at a tight one
+    assert p["cpsat"]["step_time_s"] > 0 and p["none"]["step_time_s"] > 0
+    assert tight["memory_limit_bytes"] < p["memory_limit_bytes"]
+
+    out = io.StringIO()
+    bench.print_tables(result, file=out)
+    assert "searched plans against expert plans" in out.getvalue()
+    md = bench.markdown(result)
+    assert md.startswith("# partir benchmarks") and "| mlp | tiny | 2x4 |" in md
+
+
+def test_main_writes_report_and_json(tmp_path, monkeypatch, capsys):
+    small = {"cases": [bench.case("mlp", "tiny", bench.MESH_1D)], "scaling": [],
+             "pruning": []}  # fmt: skip
+    real_run = bench.run
+    monkeypatch.setattr(bench, "run", lambda **kw: real_run(**{**kw, **small}))
+    report = tmp_path / "bench.md"
+    assert bench.main(quick=True, as_json=True, report=str(report)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [c["model"] for c in out["cases"]] == ["mlp"]
+    assert set(out) >= {"cases", "scaling", "fidelity", "pruning"}
+    assert report.read_text().startswith("# partir benchmarks")
