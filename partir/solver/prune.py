@@ -57,7 +57,8 @@ def prune_actions(goal: Goal, state: State, problem: AxisProblem, priority: int)
     for i, a in enumerate(problem.actions):
         groups.setdefault(a.values, []).append(i)
     in_group = {v for values in groups for v in values}
-    fixed = sum(local[v] for v in inputs if v not in in_group) / rest
+    # inputs no action tiles may still be tiled on this axis by propagation or ZeRO
+    fixed = sum(local[v] for v in inputs if v not in in_group) / (rest * n)
 
     m = cp_model.CpModel()
     choice = {i: m.new_bool_var(f"a{i}") for i in range(len(problem.actions))}

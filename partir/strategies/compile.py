@@ -116,8 +116,10 @@ def compile_axis(
     for k, s in enumerate(strategies):
         prio = priority + k
         if isinstance(s, Batch | FSDP):
-            for vid in sorted(data):
-                if prog.values[vid].rank and 0 in free_dims(vid):
+            for vid in sorted(data):  # dim 0, also when an earlier axis already tiles it
+                shape, sharding = prog.values[vid].shape, prop.sharding(state, vid)
+                used = {a for axes in sharding for a in axes}
+                if shape and axis not in used and shape[0] % (prop.size(sharding[0]) * n) == 0:
                     required.append(Decision(prio, vid, 0, axis))
         if isinstance(s, Zero | FSDP):
             deferred.append((prio + 1, s))
