@@ -100,6 +100,12 @@ def dims_that_divide(shape: tuple[int, ...], n: int) -> list[int]:
     return [d for d, s in enumerate(shape) if s % n == 0 and s >= n and n > 1]
 
 
+def largest_dividing_dim(shape: tuple[int, ...], n: int, exclude=()) -> int | None:
+    """ZeRO's choice: the largest dim that `n` divides, outside `exclude` (first on ties)."""
+    dims = [d for d in dims_that_divide(shape, n) if d not in exclude]
+    return max(dims, key=lambda d: (shape[d], -d)) if dims else None
+
+
 def useful_actions(
     prop: Propagator, root: State, actions: list[Action], axis: str, priority: int
 ) -> list[Action]:

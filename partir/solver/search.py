@@ -21,10 +21,11 @@ from typing import Any
 from partir.goal import Goal
 from partir.ir.cost import Cost
 from partir.ir.propagate import State
+from partir.ir.specs import PlanError
 from partir.solver import mcts
 from partir.solver.actions import Action, find_groups, useful_actions
 from partir.solver.plan import Plan
-from partir.solver.prune import InfeasibleMemory, prune_actions
+from partir.solver.prune import prune_actions
 from partir.strategies.compile import (
     AxisProblem,
     compile_axis,
@@ -34,9 +35,6 @@ from partir.strategies.compile import (
 )
 
 STOP = "stop"
-
-
-InfeasibleError = InfeasibleMemory  # no plan within the schedule fits the memory limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +168,7 @@ def solve(
     state, rejected = prop.apply_all(prop.empty(), calls[-1])
     if rejected:
         d = rejected[0]
-        raise InfeasibleError(
+        raise PlanError(
             f"tile {prog.input_paths[d.value]} dim {d.dim} on {d.axis!r} conflicts with "
             "another tile statement"
         )

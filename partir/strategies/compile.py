@@ -31,7 +31,7 @@ import dataclasses
 from partir.goal import Goal
 from partir.ir.propagate import Decision, State
 from partir.ir.specs import PlanError, did_you_mean, glob_match
-from partir.solver.actions import Action, Group, dims_that_divide
+from partir.solver.actions import Action, Group, dims_that_divide, largest_dividing_dim
 from partir.strategies.base import (
     FSDP,
     Auto,
@@ -160,9 +160,8 @@ def zero_decisions(
             if any(s.axis in axes for axes in sharding):
                 continue
             shape = prog.values[values[0]].shape
-            dims = [d for d in dims_that_divide(shape, n) if not sharding[d]]
-            if dims:
-                d = max(dims, key=lambda d: (shape[d], -d))
+            d = largest_dividing_dim(shape, n, exclude={d for d, a in enumerate(sharding) if a})
+            if d is not None:
                 out += [Decision(prio, v, d, s.axis) for v in values]
     return out
 

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from partir.goal import Goal
 from partir.ir.specs import PlanError, glob_match
+from partir.solver.actions import largest_dividing_dim
 from partir.solver.plan import Plan, make_plan
 
 Rules = dict[str, P]
@@ -29,11 +30,6 @@ MEGATRON = {
     "**/mlp/w_in": P(None, "{m}"),
     "**/mlp/b_in": P("{m}"),
     "**/mlp/w_out": P("{m}"),
-}
-MLP_MEGATRON = {  # alternate column / row parallel layers of a deep MLP
-    "**/layers/{even}/w": P(None, "{m}"),
-    "**/layers/{even}/b": P("{m}"),
-    "**/layers/{odd}/w": P("{m}"),
 }
 EXPERTS = {"**/moe/w_in": P("{m}"), "**/moe/w_out": P("{m}"), "**/moe/b_in": P("{m}")}
 EMBEDDING = {"**/embed": P("{m}")}
@@ -97,9 +93,8 @@ def zero_rules(goal: Goal, axis, *, params: bool, taken: Schedule = ()) -> Rules
                 if pattern == path or glob_match(pattern, path):
                     used |= {d for d, e in enumerate(spec) if e is not None}
                     break
-        dims = [d for d in range(len(shape)) if d not in used and shape[d] % n == 0]
-        if dims:
-            d = max(dims, key=lambda d: (shape[d], -d))
+        d = largest_dividing_dim(shape, n, exclude=used)
+        if d is not None:
             out[path] = P(*([None] * d + [axis]))
     return out
 
@@ -129,7 +124,6 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
     bp = lambda: batch_rules(goal, data)  # noqa: E731
 
     if family == "graph":
-        prog = goal.program
         edge = [p for p in _data_paths(goal) if any(k in p for k in ("edges", "senders",
                                                                     "receivers"))]  # fmt: skip
         node = [p for p in _data_paths(goal) if p not in edge]
@@ -137,7 +131,6 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
         plans["NODE"] = lambda: [batch_rules(goal, data, node)]
         plans["EDGE+Z3"] = lambda: [batch_rules(goal, data, edge),
                                     zero_rules(goal, data, params=True)]  # fmt: skip
-        del prog
     else:
         plans["BP"] = lambda: [bp()]
         if model is None:  # ZeRO stages on a 1-D mesh; on more axes, FSDP over all of them
@@ -149,10 +142,7 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
             plans["FSDP"] = lambda: [batch_rules(goal, every),
                                      zero_rules(goal, every, params=True)]  # fmt: skip
     if family in ("transformer", "moe", "mlp") and model:
-        mp = _fill(MLP_MEGATRON if family == "mlp" else MEGATRON, m=model,
-                   even="{0,2,4,6,8}", odd="{1,3,5,7,9}")  # fmt: skip
-        if family == "mlp":
-            mp = _mlp_megatron(goal, model)
+        mp = _mlp_megatron(goal, model) if family == "mlp" else _fill(MEGATRON, m=model)
         plans["MP"] = lambda: [mp]
         plans["BP+MP"] = lambda: [bp(), mp]
         plans["BP+MP+Z3"] = lambda: [bp(), mp, zero_rules(goal, data, params=True,
