@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from partir.ir.constraints import constraint_decisions
 from partir.ir.cost import CostModel
 from partir.ir.devices import Device, get_device
 from partir.ir.program import Program, trace
@@ -42,6 +43,7 @@ class Search:
     rollout: str = "random"
     patience: int = 200
     uct_c: float = 1.4
+    proxy: bool = True  # search a deep model on its 1- and 2-layer copies (solver/proxy)
 
 
 class Goal:
@@ -60,6 +62,7 @@ class Goal:
         *,
         data_inputs: Sequence[str] | None = None,
         donate: bool = False,
+        honour_constraints: bool = True,
         filename: str | None = None,
         notes: Sequence[str] = (),
     ) -> None:
@@ -78,6 +81,9 @@ class Goal:
         self.search = search or Search()
         self.data_inputs = list(data_inputs) if data_inputs is not None else None
         self.donate = donate
+        # the user's with_sharding_constraint / reshard calls: decisions of the highest
+        # priority (True), or ignored and replaced by partir's sharding in plan.jit (False)
+        self.honour_constraints = honour_constraints
         self.filename = filename
         self.notes = list(notes)  # things a report should tell the user (an unused axis...)
 
@@ -94,7 +100,8 @@ class Goal:
 
     @functools.cached_property
     def propagator(self) -> Propagator:
-        return Propagator(self.program, self.mesh)
+        seed = constraint_decisions(self.program, self.mesh) if self.honour_constraints else []
+        return Propagator(self.program, self.mesh, seed)
 
     @functools.cached_property
     def cost_model(self) -> CostModel:

@@ -348,7 +348,7 @@ PARSE_ERRORS = [
      "unknown search 'mtcs'; did you mean 'mcts'? (the search is mcts)"),
     ("search mcts(secs=1)", "secs",
      "search has no argument 'secs'; did you mean 'seconds'? (it takes seconds, episodes, "
-     "seed, rollout, patience or uct_c)"),
+     "seed, rollout, patience, uct_c or proxy)"),
     ("search mcts(seconds=0)", "0", "seconds must be a positive number, not 0"),
     ("search mcts(episodes=1.5)", "1.5", "episodes must be a positive integer, not 1.5"),
     ('search mcts(rollout="gredy")', '"gredy"',
@@ -490,7 +490,7 @@ SYNTAX_ERRORS = [
     ("axisbatch { batch }", "axisbatch", "unknown statement 'axisbatch'; did you mean 'axis'?"),
     ("zzz 3", "zzz",
      "unknown statement 'zzz'; a statement starts with one of: program, inputs, mesh, "
-     "device, memory, objective, axis, tile, replicate, search, prune"),
+     "device, memory, objective, axis, tile, replicate, search, prune, constraints"),
     ("axis batch {\n    batch\n", None,
      "unexpected end of file; expected '(', '}' or a name to close the block opened at line 4"),
     ('axis batch { batch\ntile "p" dim 0 on model', '"p"',

@@ -14,8 +14,10 @@ names. Statements need no separator; `#` starts a comment.
     axis batch { batch  zero(stage=3) }       # the strategies on one axis; block order = schedule
     tile      "params/embed" dim 0 on model   # manual decisions (paths may be globs)
     replicate "params/**/scale" on model
-    search mcts(seconds=60, seed=0)           # episodes, patience, rollout="greedy"|"random", uct_c
+    search mcts(seconds=60, seed=0)           # episodes, patience, rollout="greedy"|"random", uct_c, proxy
     prune  cpsat                              # or: prune none
+    constraints ignore                        # the program's with_sharding_constraint
+                                              # calls: honour (the default) or ignore
 
 Values in calls: numbers (with units), "strings", true, false, none, and [lists] of those;
 arguments are `name=value` (`inputs` also takes positional values, passed first).

@@ -68,6 +68,7 @@ def compile_spec(spec: GoalSpec, base_dir: str | None = None) -> Goal:
             objective=spec.objective,
             schedule=spec.schedule,
             search=spec.search,
+            honour_constraints=spec.honour_constraints,
             filename=spec.filename,
             notes=spec.notes,
         )

@@ -12,7 +12,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from partir.dsl.errors import GoalError, Pos, Source, one_of
 
 STATEMENTS = ("program", "inputs", "mesh", "device", "memory", "objective", "axis", "tile",
-              "replicate", "search", "prune")  # fmt: skip
+              "replicate", "search", "prune", "constraints")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ records
@@ -221,6 +221,7 @@ _USAGE = {
     'replicate is written: replicate "PATH" on AXIS': ['replicate "p" on a'],
     "search is written: search mcts(seconds=60, seed=0)": ["search mcts ( k = 1 , j = [ 1 , 2 ] )"],
     "prune is written: prune cpsat (or prune none)": ["prune cpsat"],
+    "constraints is written: constraints honour (or constraints ignore)": ["constraints ignore"],
 }
 
 

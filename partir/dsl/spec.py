@@ -29,10 +29,12 @@ from partir.strategies import Replicate, Strategy, Tile, replicate, tile
 
 OBJECTIVES = ("time", "memory", "comm")
 PRUNERS = {"cpsat": "cpsat", "none": None}
+CONSTRAINTS = {"honour": True, "honor": True, "ignore": False}
 SEARCHES = ("mcts",)
 ROLLOUTS = ("greedy", "random")
 # statements that may appear once
-SINGLE = ("program", "inputs", "mesh", "device", "memory", "objective", "search", "prune")
+SINGLE = ("program", "inputs", "mesh", "device", "memory", "objective", "search", "prune",
+          "constraints")  # fmt: skip
 REQUIRED = {
     "program": 'program "module:function"',
     "inputs": 'inputs "module:function"(name=value, ...)',
@@ -122,6 +124,7 @@ class GoalSpec:
     axes: list[AxisSpec] = dataclasses.field(default_factory=list)
     manual: list[ManualSpec] = dataclasses.field(default_factory=list)
     search: Search = dataclasses.field(default_factory=Search)
+    honour_constraints: bool = True
     notes: list[str] = dataclasses.field(default_factory=list)
     source: Source = dataclasses.field(default=Source("<text>", ""), compare=False, repr=False)
     positions: dict[str, Pos] = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -162,6 +165,7 @@ class _Builder:
         self.manual: list[ManualSpec] = []
         self.search: dict[str, Any] = {}
         self.prune: str | None = "cpsat"
+        self.honour_constraints = True
         self.notes: list[str] = []
 
     def error(self, pos: Pos, message: str) -> GoalError:
@@ -201,6 +205,7 @@ class _Builder:
             axes=self.axes,
             manual=self.manual,
             search=search,
+            honour_constraints=self.honour_constraints,
             notes=self.notes,
             source=self.source,
             positions=dict(self.seen),
@@ -587,6 +592,10 @@ class _Builder:
             if not number or value < 0:
                 raise self.error(pos, f"uct_c must be a number >= 0, not {_show(value)}")
             return float(value)
+        if key == "proxy":
+            if not isinstance(value, bool):
+                raise self.error(pos, f"proxy must be true or false, not {_show(value)}")
+            return value
         if key == "rollout":
             if value not in ROLLOUTS:
                 hint = did_you_mean(value, ROLLOUTS) if isinstance(value, str) else ""
@@ -607,6 +616,17 @@ class _Builder:
                 "(write prune cpsat, or prune none)",
             )
         self.prune = PRUNERS[word.text]
+
+    def _constraints(self, st: Statement) -> None:
+        """What to do with the program's own with_sharding_constraint calls."""
+        word: Word = st.parts[0]
+        if word.text not in CONSTRAINTS:
+            raise self.error(
+                word.pos,
+                f"unknown choice '{word.text}'{did_you_mean(word.text, CONSTRAINTS)} "
+                "(write constraints honour, or constraints ignore)",
+            )
+        self.honour_constraints = CONSTRAINTS[word.text]
 
 
 def _kind_words(kinds: tuple[str, ...]) -> str:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
+import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,11 +64,25 @@ class Op:
     outputs: tuple[int, ...]
     params: dict[str, Any]
     multiplicity: int = 1
-    source: str = ""
+    source: str = ""  # the user's frame, as JAX summarizes it: "path/model.py:12:8 (attn)"
     rule: Any = None  # a partir.ir.rules.Rule, set by Program.attach_rules
+    scope: str = ""  # the named scopes around the op: "layers/3/attn"
 
     def __repr__(self) -> str:
         return f"Op({self.index}, {self.primitive}, in={self.inputs}, out={self.outputs})"
+
+    @property
+    def location(self) -> str:
+        """Where the op comes from, for messages: " at layers/3/attn (from model.py:12)"."""
+        text = f" at {self.scope}" if self.scope else ""
+        m = _SOURCE.match(self.source)
+        if m:
+            text += f" (from {os.path.basename(m['file'])}:{m['line']}"
+            text += f" in {m['fn']})" if m["fn"] else ")"
+        return text
+
+
+_SOURCE = re.compile(r"(?P<file>.+?):(?P<line>\d+)(?::\d+)?(?: \((?P<fn>[^)]*)\))?$")
 
 
 @dataclasses.dataclass
@@ -113,12 +130,22 @@ class Program:
         )
 
 
-def path_str(prefix: str, keypath: Sequence[Any]) -> Path:
-    """Join a pytree key path with '/': dict keys, indices, attribute names."""
+def path_str(prefix: str, keypath: Sequence[Any], *, quote: bool = False) -> Path:
+    """Join a pytree key path with '/': dict keys, indices, attribute names.
+
+    A dict key that holds '/' itself (Keras' `dense_1/kernel`) is kept as written, so a
+    glob matches it as the user would write it; with `quote`, it is written as `'a/b'`
+    and a key that is no string as `[1]`, to tell apart paths that would read alike."""
     parts = [prefix] if prefix else []
     for key in keypath:
         if isinstance(key, jax.tree_util.DictKey):
-            parts.append(str(key.key))
+            k = key.key
+            if quote and not isinstance(k, str):
+                parts.append(f"[{k!r}]")
+            elif quote and "/" in k:
+                parts.append(repr(k))
+            else:
+                parts.append(str(k))
         elif isinstance(key, jax.tree_util.SequenceKey):
             parts.append(str(key.idx))
         elif isinstance(key, jax.tree_util.GetAttrKey):
@@ -128,6 +155,23 @@ def path_str(prefix: str, keypath: Sequence[Any]) -> Path:
         else:
             parts.append(str(key).strip("[]."))
     return "/".join(parts)
+
+
+def leaf_paths(prefix: str, keypaths: Sequence[Sequence[Any]]) -> list[Path]:
+    """`path_str` of every leaf, made unique: paths that would read alike (`{"a/b": x}`
+    beside `{"a": {"b": y}}`) are written with quoted keys, and any still alike get `#k`."""
+    paths = [path_str(prefix, kp) for kp in keypaths]
+    alike = {p for p, n in Counter(paths).items() if n > 1}
+    if not alike:
+        return paths
+    paths = [path_str(prefix, kp, quote=True) if p in alike else p
+             for p, kp in zip(paths, keypaths)]  # fmt: skip
+    seen: Counter[str] = Counter()
+    out = []
+    for p in paths:
+        seen[p] += 1
+        out.append(p if seen[p] == 1 else f"{p}#{seen[p]}")
+    return out
 
 
 def arg_names(fn: Callable, nargs: int) -> tuple[str, ...]:
@@ -190,10 +234,12 @@ class _Builder:
         params: dict[str, Any],
         multiplicity: int,
         source: str = "",
+        scope: str = "",
     ) -> Op:
         op = Op(
-            len(self.ops), primitive, tuple(inputs), tuple(outputs), params, multiplicity, source
-        )
+            len(self.ops), primitive, tuple(inputs), tuple(outputs), params, multiplicity, source,
+            scope=scope,
+        )  # fmt: skip
         self.ops.append(op)
         return op
 
@@ -211,11 +257,13 @@ class _Builder:
         args: Sequence[int | None],
         mult: int,
         prefix: tuple = (),
+        scope: str = "",
     ) -> list[int]:
         """Emit the ops of `jaxpr` with its invars bound to `args`; return the outvar ids.
 
         Each equation is keyed by `prefix + (index,)`, so a replay of the same jaxprs
-        (plan.jit's interpreter) finds the value ids of every equation's outputs."""
+        (plan.jit's interpreter) finds the value ids of every equation's outputs. `scope`
+        is the name stack of the equation that holds `jaxpr` (its own is relative)."""
         env: dict[Any, int | None] = {}
         for var, c in zip(jaxpr.constvars, consts):
             env[var] = self.constant(c)
@@ -230,7 +278,7 @@ class _Builder:
         for n, eqn in enumerate(jaxpr.eqns):
             ins = [read(a) for a in eqn.invars]
             key = prefix + (n,)
-            outs = self.equation(eqn, ins, mult, key)
+            outs = self.equation(eqn, ins, mult, key, _join_scope(scope, eqn))
             self.eqn_outputs[key] = outs
             for var, vid in zip(eqn.outvars, outs):
                 env[var] = vid
@@ -242,24 +290,25 @@ class _Builder:
             results.append(vid)
         return results
 
-    def equation(self, eqn: Any, ins: list[int | None], mult: int, key: tuple) -> list[int]:
+    def equation(
+        self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str = ""
+    ) -> list[int]:
         name = eqn.primitive.name
-        source = _source(eqn)
         if name in INLINED_CALLS:
             inner = eqn.params.get(INLINED_CALLS[name])
             if inner is None:
                 inner = next(iter(jex.core.jaxprs_in_params(eqn.params)), None)
             if inner is not None:
                 jaxpr, consts = _open(inner)
-                return self.run(jaxpr, consts, ins, mult, key)
+                return self.run(jaxpr, consts, ins, mult, key, scope)
         if name == "scan":
-            return self.scan(eqn, ins, mult, key)
+            return self.scan(eqn, ins, mult, key, scope)
         if name == "while":
-            return self.while_loop(eqn, ins, mult, key)
+            return self.while_loop(eqn, ins, mult, key, scope)
         if name == "cond":
-            return self.cond(eqn, ins, mult, key)
+            return self.cond(eqn, ins, mult, key, scope)
         outs = [self.new_value(v.aval) for v in eqn.outvars]
-        self.add_op(name, ins, outs, dict(eqn.params), mult, source)
+        self.add_op(name, ins, outs, dict(eqn.params), mult, _source(eqn), scope)
         return outs
 
     def _bind_inputs(
@@ -278,7 +327,9 @@ class _Builder:
             bound.append(dst)
         return bound
 
-    def scan(self, eqn: Any, ins: list[int | None], mult: int, key: tuple) -> list[int]:
+    def scan(
+        self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str = ""
+    ) -> list[int]:
         p = eqn.params
         jaxpr, consts = _open(p["jaxpr"])
         nc, nk = p["num_consts"], p["num_carry"]
@@ -289,7 +340,7 @@ class _Builder:
             + self._bind_inputs(ins[nc : nc + nk], avals[nc : nc + nk], "carry", mult)
             + self._bind_inputs(ins[nc + nk :], avals[nc + nk :], "xs", inner, offset=1)
         )
-        body_out = self.run(jaxpr, consts, body_in, inner, key + ("body",))
+        body_out = self.run(jaxpr, consts, body_in, inner, key + ("body",), scope)
         for out, carry_in in zip(body_out[:nk], body_in[nc : nc + nk]):
             self.link(out, carry_in, "carry", inner)
         outs = [self.new_value(v.aval) for v in eqn.outvars]
@@ -299,7 +350,9 @@ class _Builder:
             self.link(res, out, "ys", inner, offset=1)
         return outs
 
-    def while_loop(self, eqn: Any, ins: list[int | None], mult: int, key: tuple) -> list[int]:
+    def while_loop(
+        self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str = ""
+    ) -> list[int]:
         p = eqn.params
         cjaxpr, cconsts = _open(p["cond_jaxpr"])
         bjaxpr, bconsts = _open(p["body_jaxpr"])
@@ -310,20 +363,22 @@ class _Builder:
         cond_in = self._bind_inputs(ins[:nc], cavals[:nc], "const", mult)
         body_consts = self._bind_inputs(ins[nc : nc + nb], bavals[:nb], "const", mult)
         body_carry = self._bind_inputs(carry, bavals[nb:], "carry", mult)
-        self.run(cjaxpr, cconsts, cond_in + body_carry, mult, key + ("cond",))
-        body_out = self.run(bjaxpr, bconsts, body_consts + body_carry, mult, key + ("body",))
+        self.run(cjaxpr, cconsts, cond_in + body_carry, mult, key + ("cond",), scope)
+        body_out = self.run(bjaxpr, bconsts, body_consts + body_carry, mult, key + ("body",), scope)
         outs = [self.new_value(v.aval) for v in eqn.outvars]
         for out, carry_in, res in zip(body_out, body_carry, outs):
             self.link(out, carry_in, "carry", mult)
             self.link(out, res, "carry", mult)
         return outs
 
-    def cond(self, eqn: Any, ins: list[int | None], mult: int, key: tuple) -> list[int]:
+    def cond(
+        self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str = ""
+    ) -> list[int]:
         outs = [self.new_value(v.aval) for v in eqn.outvars]
         for b, branch in enumerate(eqn.params["branches"]):
             jaxpr, consts = _open(branch)
             bound = self._bind_inputs(ins[1:], [v.aval for v in jaxpr.invars], "operand", mult)
-            for out, res in zip(self.run(jaxpr, consts, bound, mult, key + (b,)), outs):
+            for out, res in zip(self.run(jaxpr, consts, bound, mult, key + (b,), scope), outs):
                 self.link(out, res, "branch", mult)
         return outs
 
@@ -344,6 +399,20 @@ def _source(eqn: Any) -> str:
         return ""
 
 
+_TRANSFORM = re.compile(r"[A-Za-z_][\w.]*\(|\)")
+
+
+def _join_scope(outer: str, eqn: Any) -> str:
+    """`outer` and the equation's own name stack, with JAX's transform wrappers taken off:
+    a backward-pass op under `transpose(jvp(layers/3))` belongs to `layers/3`."""
+    try:
+        own = str(eqn.source_info.name_stack)
+    except Exception:  # internal API: a missing scope is not worth failing over
+        own = ""
+    parts = [p for p in _TRANSFORM.sub("", f"{outer}/{own}").split("/") if p]
+    return "/".join(parts)
+
+
 def trace(fn: Callable, args: Sequence[Any], *, names: Sequence[str] | None = None) -> Program:
     """Trace `fn(*args)` without allocating anything and flatten it into a `Program`.
 
@@ -357,11 +426,11 @@ def trace(fn: Callable, args: Sequence[Any], *, names: Sequence[str] | None = No
     in_paths = []
     for i, arg in enumerate(abstract):
         leaves, _ = jax.tree_util.tree_flatten_with_path(arg)
-        in_paths += [path_str(arg_names_[i], kp) for kp, _ in leaves]
+        in_paths += leaf_paths(arg_names_[i], [kp for kp, _ in leaves])
     in_tree = jax.tree_util.tree_structure(abstract)
     out_shape = jax.eval_shape(fn, *abstract)
     out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
-    out_paths = [path_str("out", kp) for kp, _ in out_leaves]
+    out_paths = leaf_paths("out", [kp for kp, _ in out_leaves])
 
     b = _Builder()
     jaxpr = closed.jaxpr
@@ -395,8 +464,9 @@ def find_carried(inputs: dict[Path, int], outputs: dict[Path, int], values: list
 
     An output `out/<k>/<tail>` matches input `<name>/<tail>` when the shapes and dtypes are
     equal and the output position `k` is the input's argument position, or when the tail
-    is unique among the inputs. Both train steps returning `(params, opt_state, metrics)`
-    and functions returning a dict of new state are covered.
+    is unique among the inputs; or `out/<tail>` matches `<name>/<tail>`. Train steps
+    returning `(params, opt_state, metrics)`, a dict of new state, or the new version of
+    their one state argument (`params -> params`) are covered.
     """
     by_tail: dict[str, list[Path]] = {}
     for path in inputs:
@@ -407,12 +477,15 @@ def find_carried(inputs: dict[Path, int], outputs: dict[Path, int], values: list
     used: set[Path] = set()
     for out_path, out_vid in outputs.items():
         parts = out_path.split("/")
-        if len(parts) < 3:
+        if len(parts) < 2:
             continue
         candidates: list[Path] = []
-        if parts[1].isdigit() and int(parts[1]) < len(arg_order):
-            candidates.append(arg_order[int(parts[1])] + "/" + "/".join(parts[2:]))
-        candidates += by_tail.get("/".join(parts[2:]), [])
+        if len(parts) >= 3:
+            if parts[1].isdigit() and int(parts[1]) < len(arg_order):
+                candidates.append(arg_order[int(parts[1])] + "/" + "/".join(parts[2:]))
+            candidates += by_tail.get("/".join(parts[2:]), [])
+        # a step that returns its one state argument's new version: out/<tail>
+        candidates += by_tail.get("/".join(parts[1:]), [])
         for cand in candidates:
             vin = inputs.get(cand)
             if vin is None or cand in used:

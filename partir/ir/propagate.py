@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 
 from partir.ir.program import Program
@@ -80,8 +80,12 @@ def _rekey(key: int, vid: int, old: Sharding, new: Sharding) -> int:
 
 
 def attach_rules(program: Program) -> None:
-    """Give every op of `program` its factor rule (once)."""
+    """Give every op of `program` its factor rule (once). A primitive without a rule warns
+    once per program, naming where it first occurs and how many ops it has."""
     vals = program.values
+    counts = Counter(op.primitive for op in program.ops if op.rule is None)
+    warned: set[str] = set()
+    same: dict[tuple, Rule] = {}  # repeated layers repeat their ops: one rule per signature
     for op in program.ops:
         if op.rule is not None:
             continue
@@ -91,16 +95,41 @@ def attach_rules(program: Program) -> None:
             continue
         ins = [None if v is None else vals[v].shape for v in op.inputs]
         outs = [vals[v].shape for v in op.outputs]
-        op.rule = rule_for(op.primitive, ins, outs, op.params)
+        key = _signature(op.primitive, ins, outs, op.params)
+        if key is not None and key in same:
+            op.rule = same[key]
+            continue
+        op.rule = rule_for(
+            op.primitive, ins, outs, op.params,
+            where=op.location, count=counts[op.primitive], warned=warned,
+        )  # fmt: skip
+        if key is not None:
+            same[key] = op.rule
+
+
+def _signature(primitive: str, ins: list, outs: list, params: dict) -> tuple | None:
+    """What an op's rule depends on, or None when its params cannot be compared."""
+    try:
+        key = (primitive, tuple(ins), tuple(outs), tuple(sorted(params.items())))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 class Propagator:
-    """Applies decisions to states of one program on one mesh."""
+    """Applies decisions to states of one program on one mesh. `seed` decisions (the
+    user's own sharding constraints) hold in every state, `empty()` included: they are
+    applied before anything else, so they win every conflict."""
 
-    def __init__(self, program: Program, mesh: Mapping[str, int]) -> None:
+    def __init__(
+        self, program: Program, mesh: Mapping[str, int], seed: Iterable[Decision] = ()
+    ) -> None:
         attach_rules(program)
         self.program = program
         self.mesh = dict(mesh)
+        self.seed = list(seed)
+        self._empty: dict[frozenset[int], State] = {}
         self.shapes = [v.shape for v in program.values]
         # per op: [(value id, per-dim factors)], the factor sizes and whether they propagate
         self.tensors: list[list[tuple[int, tuple[tuple[int, ...], ...]]]] = []
@@ -122,7 +151,15 @@ class Propagator:
 
     # -- states ---------------------------------------------------------------------
     def empty(self, frozen: Iterable[int] = ()) -> State:
-        return State({}, frozenset(frozen), 0)
+        """The state with no decision but the seed; `frozen` values never change."""
+        frozen = frozenset(frozen)
+        state = self._empty.get(frozen)
+        if state is None:
+            state = State({}, frozen, 0)
+            if self.seed:
+                state = self.apply_all(state, self.seed)[0]
+            self._empty[frozen] = state
+        return state
 
     def sharding(self, state: State, vid: int) -> Sharding:
         return state.get(vid, len(self.shapes[vid]))

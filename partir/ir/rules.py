@@ -314,13 +314,14 @@ def _same_size_dims(ins, outs, params) -> Rule:
 
 
 def _dynamic_update_slice(ins, outs, params) -> Rule:
+    """Dims the update covers whole pass through operand, update and result; a dim written
+    at a dynamic offset stays whole (which device holds the window is known only at run
+    time), on the operand, the result and the update alike."""
     operand, update = ins[0], ins[1]
     b = Builder(ins, outs)
     for d, size in enumerate(operand):
         if update is not None and update[d] == size:
             b.factor(size, operands={0: d, 1: d}, results={0: d})
-        else:
-            b.factor(size, operands={0: d}, results={0: d})
     return b.build(unmapped=Kind.PERMUTE)
 
 
@@ -415,7 +416,8 @@ def _scatter(add: bool) -> Callable[..., Rule]:
         """General scatter. Window dims pass; an operand dim indexed into passes between
         operand and result (each device applies the updates that land in its rows); for a
         scatter-add, the update scatter dims are a reduction (partial sums, then a sum)."""
-        operand, indices, updates = ins[0], ins[1], ins[2]
+        # a literal operand (a scalar update, as jnp.repeat emits) has no dims
+        operand, indices, updates = (x if x is not None else () for x in ins[:3])
         dn = params["dimension_numbers"]
         window_dims = tuple(dn.update_window_dims)
         inserted = set(dn.inserted_window_dims)
@@ -481,10 +483,39 @@ def _window(ins, outs, params) -> Rule:
 
 
 def _top_k(ins, outs, params) -> Rule:
-    """top_k along the last dim: that dim stays whole (the results have k of it)."""
+    """top_k along `axis` (the last dim by default): that dim stays whole, and the results
+    have k of it; the other dims pass."""
+    rank = len(ins[0])
+    axis = params.get("axis", -1) % rank
     b = Builder(ins, outs)
-    for d, size in enumerate(ins[0][:-1]):
-        b.factor(size, operands={0: d}, results={i: d for i in range(len(outs))})
+    for d, size in enumerate(ins[0]):
+        if d != axis:
+            b.factor(size, operands={0: d}, results={i: d for i in range(len(outs))})
+    return b.build()
+
+
+def _stack(ins, outs, params) -> Rule:
+    """stack along a new `axis`: the operands' dims pass to the result's other dims; the
+    new dim (one slot per operand) stays whole."""
+    axis = params["axis"]
+    b = Builder(ins, outs)
+    for d, size in enumerate(ins[0]):
+        r = d if d < axis else d + 1
+        b.factor(size, operands={i: d for i in range(len(ins))}, results={0: r})
+    return b.build(unmapped=Kind.PERMUTE)
+
+
+def _generate(ins, outs, params) -> Rule:
+    """random_bits, random_split: keys [K...] -> [K..., shape...]. The key dims pass; the
+    generated dims are the result's own, free to tile like an iota's (XLA generates the
+    same bits in any sharding, locally with partitionable threefry)."""
+    keys = ins[0]
+    b = Builder(ins, outs)
+    for d, size in enumerate(outs[0]):
+        if d < len(keys):
+            b.factor(size, operands={0: d}, results={0: d})
+        else:
+            b.factor(size, results={0: d})
     return b.build()
 
 
@@ -544,9 +575,12 @@ POINTWISE = [
     "atan",
     "atan2",
     "atanh",
+    "bessel_i0e",
+    "bessel_i1e",
     "cbrt",
     "ceil",
     "clamp",
+    "clz",
     "complex",
     "conj",
     "convert_element_type",
@@ -571,12 +605,14 @@ POINTWISE = [
     "imag",
     "integer_pow",
     "is_finite",
+    "le",
     "lgamma",
     "log",
     "log1p",
     "logistic",
     "lt",
     "max",
+    "mesh_cast",
     "min",
     "mul",
     "name",
@@ -588,12 +624,18 @@ POINTWISE = [
     "polygamma",
     "population_count",
     "pow",
+    "pvary",
+    "random_clone",
+    "random_fold_in",
+    "random_seed",
     "real",
     "reduce_precision",
     "rem",
+    "reshard",
     "round",
     "rsqrt",
     "select_n",
+    "sharding_constraint",
     "shift_left",
     "shift_right_arithmetic",
     "shift_right_logical",
@@ -609,12 +651,6 @@ POINTWISE = [
     "threefry2x32",
     "xor",
     "zeta",
-    "random_seed",
-    "random_fold_in",
-    "sharding_constraint",
-    "reshard",
-    "mesh_cast",
-    "pvary",
 ]
 
 RULES: dict[str, Callable[..., Rule]] = {
@@ -638,7 +674,8 @@ RULES: dict[str, Callable[..., Rule]] = {
     "iota": _iota,
     "optimization_barrier": _multi_pointwise,
     "pad": _same_size_dims,
-    "random_bits": conservative,
+    "random_bits": _generate,
+    "random_split": _generate,
     "random_unwrap": _random_unwrap,
     "random_wrap": _random_wrap,
     "reduce_and": _reduce(Kind.REDUCTION, "and"),
@@ -665,6 +702,7 @@ RULES: dict[str, Callable[..., Rule]] = {
     "slice": _same_size_dims,
     "sort": _along_axis("dimension"),
     "split": _split,
+    "stack": _stack,
     "squeeze": _squeeze,
     "top_k": _top_k,
     "transpose": _transpose,
@@ -677,33 +715,47 @@ _warned: set[str] = set()
 
 
 def rule_for(
-    primitive: str, ins: Sequence[Shape | None], outs: Sequence[Shape], params: dict[str, Any]
+    primitive: str,
+    ins: Sequence[Shape | None],
+    outs: Sequence[Shape],
+    params: dict[str, Any],
+    *,
+    where: str = "",
+    count: int = 1,
+    warned: set[str] | None = None,
 ) -> Rule:
-    """The factor rule of one op; unknown primitives get `conservative` and one warning."""
+    """The factor rule of one op; unknown primitives get `conservative` and one warning.
+
+    `where` (" at layers/3/attn (from model.py:12 in attn)") and `count` (the program's ops
+    of this primitive) go into the warning; `warned` holds what was already said (one
+    program's set; by default, one set for the process)."""
+    warned = _warned if warned is None else warned
     builder = RULES.get(primitive)
     if builder is None:
-        if primitive not in _warned:
-            _warned.add(primitive)
-            warnings.warn(
-                f"primitive '{primitive}' has no sharding rule; it is kept replicated",
-                UnknownPrimitiveWarning,
-                stacklevel=2,
-            )
+        more = f" (here and in {count - 1} more ops)" if count > 1 else ""
+        _warn_once(
+            warned,
+            primitive,
+            f"primitive '{primitive}'{where} has no sharding rule; it is kept replicated{more}",
+        )
         return conservative(ins, outs, params)
     try:
         rule = builder(ins, outs, params)
         _check(rule, ins, outs)
     except Exception as err:  # a rule that cannot read these params: stay safe, say so
-        key = f"{primitive}:{type(err).__name__}"
-        if key not in _warned:
-            _warned.add(key)
-            warnings.warn(
-                f"sharding rule for '{primitive}' failed ({err}); it is kept replicated",
-                UnknownPrimitiveWarning,
-                stacklevel=2,
-            )
+        _warn_once(
+            warned,
+            f"{primitive}:{type(err).__name__}",
+            f"sharding rule for '{primitive}'{where} failed ({err}); it is kept replicated",
+        )
         return conservative(ins, outs, params)
     return rule
+
+
+def _warn_once(warned: set[str], key: str, message: str) -> None:
+    if key not in warned:
+        warned.add(key)
+        warnings.warn(message, UnknownPrimitiveWarning, stacklevel=3)
 
 
 def _check(rule: Rule, ins: Sequence[Shape | None], outs: Sequence[Shape]) -> None:

@@ -6,6 +6,11 @@ the traced `Program` by the equation's position (the same keys `trace` recorded)
 constrained to the plan's sharding of that value. Loops are rebuilt with `lax.scan`,
 `lax.while_loop` and `lax.switch` around replayed bodies, so their insides are
 constrained too.
+
+The user's own sharding constraints (`sharding_constraint`, `reshard`) are not replayed:
+they name the user's mesh, not partir's. partir's sharding of the constrained value takes
+their place, which equals the user's on the goal mesh when the goal honours them; it is
+applied even with `constrain=False` then, so the user's decision always holds.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import jax
 import jax.extend as jex
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from partir.ir.constraints import CONSTRAINT_PRIMITIVES
 from partir.ir.program import INLINED_CALLS, _open
 from partir.ir.specs import to_spec
 
@@ -59,9 +65,8 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
     def fn(*args):
         flat = jax.tree_util.tree_leaves(args)
         closed = prog.jaxpr
-        outs = _Replay(prog.eqn_outputs, mesh, value_spec if constrain else None).run(
-            closed.jaxpr, closed.consts, flat, ()
-        )
+        replay = _Replay(prog.eqn_outputs, mesh, value_spec, constrain, goal.honour_constraints)
+        outs = replay.run(closed.jaxpr, closed.consts, flat, ())
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
     donate_argnums = ()
@@ -74,13 +79,26 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
 
 
 class _Replay:
-    def __init__(self, eqn_outputs, mesh, value_spec) -> None:
+    """Runs a jaxpr equation by equation, constraining outputs to the plan's shardings:
+    every equation's with `constrain_all`, else only the user's honoured constraints."""
+
+    def __init__(
+        self,
+        eqn_outputs: dict[tuple, list[int]],
+        mesh: Mesh,
+        value_spec: Callable[[int], PartitionSpec],
+        constrain_all: bool = True,
+        honour_constraints: bool = True,
+    ) -> None:
         self.eqn_outputs = eqn_outputs
         self.mesh = mesh
         self.value_spec = value_spec
+        self.constrain_all = constrain_all
+        self.honour_constraints = honour_constraints
 
-    def constrain(self, key: tuple, outs: list) -> list:
-        if self.value_spec is None:
+    def constrain(self, key: tuple, outs: list, eqn: Any = None) -> list:
+        user = eqn is not None and eqn.primitive.name in CONSTRAINT_PRIMITIVES
+        if not (self.constrain_all or (user and self.honour_constraints)):
             return outs
         vids = self.eqn_outputs.get(key)
         if vids is None:
@@ -112,7 +130,7 @@ class _Replay:
             outs = self.equation(eqn, ins, key)
             if not isinstance(outs, list | tuple):
                 outs = [outs]
-            outs = self.constrain(key, list(outs))
+            outs = self.constrain(key, list(outs), eqn)
             for var, x in zip(eqn.outvars, outs):
                 env[var] = x
         return [read(a) for a in jaxpr.outvars]
@@ -127,6 +145,8 @@ class _Replay:
             if inner is not None:
                 jaxpr, consts = _open(inner)
                 return self.run(jaxpr, consts, ins, key)
+        if name in CONSTRAINT_PRIMITIVES:  # the user's constraint: partir's takes its place
+            return list(ins)
         if name == "scan":
             jaxpr, consts = _open(p["jaxpr"])
             nc, nk = p["num_consts"], p["num_carry"]
