@@ -62,26 +62,55 @@ def layer_pattern(tail: str) -> str:
     return _INDEX.sub("*", "/" + tail)[1:]
 
 
+def param_prefix(prog) -> str | None:
+    """The path prefix of the parameters among the carried inputs: `params` when an
+    argument is so named, else the argument (or its first field) whose path tails the
+    other carried inputs end with most often (`model` beside `optimizer/opt_state/0/mu/
+    blocks/0/w`), else the first carried argument. None when nothing is carried."""
+    carried = [p for p in prog.inputs if p in set(prog.carried.values())]
+    if not carried:
+        return None
+    heads = [p.split("/", 1)[0] for p in carried]
+    if "params" in heads:
+        return "params"
+    best, best_score = None, 0
+    for depth in (1, 2):
+        prefixes = dict.fromkeys("/".join(p.split("/")[:depth]) for p in carried)
+        for prefix in prefixes:
+            under = [p for p in carried if p.startswith(prefix + "/")]
+            tails = {p[len(prefix) + 1 :] for p in under}
+            score = sum(
+                any("/".join(q.split("/")[i:]) in tails for i in range(1, q.count("/") + 1))
+                for q in carried
+                if not q.startswith(prefix + "/")
+            )
+            if score > best_score:
+                best, best_score = prefix, score
+    return best if best is not None else heads[0]
+
+
 def find_groups(goal: Goal) -> list[Group]:
     """Group the program's inputs (see the module docstring), in input order."""
     prog = goal.program
     carried = set(prog.carried.values())
+    prefix = param_prefix(prog)
+    is_param = lambda path: prefix is not None and path.startswith(prefix + "/")  # noqa: E731
     param_tails = {}
     for path, vid in prog.inputs.items():
-        if path in carried and path.split("/", 1)[0] == "params":
-            param_tails[path.split("/", 1)[1]] = vid
+        if path in carried and is_param(path):
+            param_tails[path[len(prefix) + 1 :]] = vid
     keyed: dict[tuple, dict[str, list[int]]] = {}
     names: dict[tuple, str] = {}
     for path, vid in prog.inputs.items():
         shape = prog.values[vid].shape
-        head, _, tail = path.partition("/")
         if path not in carried:
             role, tail = "data", path
-        elif head == "params":
-            role = "params"
+        elif is_param(path):
+            role, tail = "params", path[len(prefix) + 1 :]
         else:
             role = "moments"
-            parts = tail.split("/")
+            parts = path.split("/")[1:]
+            tail = "/".join(parts)
             # opt_state/0/mu/layers/3/w -> the longest suffix that names a parameter
             for i in range(len(parts)):
                 if "/".join(parts[i:]) in param_tails:

@@ -25,9 +25,9 @@ from partir.ir.specs import PlanError
 from partir.solver import mcts
 from partir.solver.actions import Action, find_groups, useful_actions
 from partir.solver.plan import Plan
+from partir.solver.proxy import Proxy, extrapolate, make_proxy
 from partir.solver.prune import prune_actions
 from partir.strategies.compile import (
-    AxisProblem,
     compile_axis,
     manual_decisions,
     schedule_axes,
@@ -44,43 +44,67 @@ class Node:
     applied: tuple = dataclasses.field(default=(), compare=False)  # action indices, in order
 
 
-class AxisEnvironment:
-    """The MCTS's view of one axis: states are propagated states, actions tile a group."""
+@dataclasses.dataclass
+class View:
+    """One program the search acts on: the goal's own, or a shallow copy (see proxy)."""
 
-    def __init__(
-        self, goal: Goal, problem: AxisProblem, priority: int, score, must_tile=()
-    ) -> None:
-        self.prop = goal.propagator
-        self.problem = problem
+    goal: Goal
+    groups: list
+    state: State
+    deferred: list = dataclasses.field(default_factory=list)
+    actions: list[Action] = dataclasses.field(default_factory=list)  # of the axis searched
+    must_tile: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+
+    @property
+    def prop(self):
+        return self.goal.propagator
+
+    def finish(self, state: State) -> State:
+        """`state` with the deferred decisions (ZeRO) applied."""
+        decisions = zero_decisions(self.goal, state, self.groups, self.deferred)
+        return self.prop.apply_all(state, decisions)[0]
+
+
+class AxisEnvironment:
+    """The MCTS's view of one axis: a state is the propagated state of each view, an
+    action tiles a group (the same group, by name, in every view)."""
+
+    def __init__(self, views: list[View], axis: str, priority: int, score) -> None:
+        self.views = views
+        self.axis = axis
         self.priority = priority
         self.score = score
-        self.must_tile = list(must_tile)  # stopping before these are tiled cannot fit
 
-    def _tiled(self, state: State, values: tuple[int, ...]) -> bool:
-        axis = self.problem.axis
-        return all(any(axis in axes for axes in self.prop.sharding(state, v)) for v in values)
+    def _tiled(self, prop, state: State, values: tuple[int, ...]) -> bool:
+        return all(any(self.axis in axes for axes in prop.sharding(state, v)) for v in values)
+
+    def _legal(self, prop, state: State, a: Action) -> bool:
+        axis = self.axis
+        for v in a.values:
+            sharding = prop.sharding(state, v)
+            if any(axis in axes for axes in sharding):
+                return False
+            if prop.shapes[v][a.dim] % (prop.size(sharding[a.dim] + (axis,))) != 0:
+                return False
+        return True
 
     def actions(self, node: Node) -> list[Any]:
-        can_stop = all(self._tiled(node.state, g) for g in self.must_tile)
+        pairs = list(zip(self.views, node.state))
+        can_stop = all(self._tiled(v.prop, s, g) for v, s in pairs for g in v.must_tile)
         legal: list[Any] = [STOP] if can_stop else []
-        axis = self.problem.axis
-        for i, a in enumerate(self.problem.actions):
-            if all(
-                not any(axis in axes for axes in self.prop.sharding(node.state, v))
-                and self.prop.shapes[v][a.dim]
-                % (self.prop.size(self.prop.sharding(node.state, v)[a.dim] + (axis,)))
-                == 0
-                for v in a.values
-            ):
+        for i in range(len(self.views[0].actions)):
+            if all(self._legal(v.prop, s, v.actions[i]) for v, s in pairs):
                 legal.append(i)
         return legal
 
     def step(self, node: Node, action: Any) -> Node:
         if action == STOP:
             return Node(node.state, True, node.applied)
-        a: Action = self.problem.actions[action]
-        state, _ = self.prop.apply_all(node.state, a.decisions(self.problem.axis, self.priority))
-        return Node(state, False, node.applied + (action,))
+        states = tuple(
+            v.prop.apply_all(s, v.actions[action].decisions(self.axis, self.priority))[0]
+            for v, s in zip(self.views, node.state)
+        )
+        return Node(states, False, node.applied + (action,))
 
     def is_terminal(self, node: Node) -> bool:
         return node.done or self.actions(node) in ([STOP], [])
@@ -93,17 +117,24 @@ class AxisEnvironment:
 
 
 class Scorer:
-    """Reward of a state (see the module docstring), memoised by state."""
+    """Reward of a state of the views (see the module docstring), memoised by state."""
 
-    def __init__(self, goal: Goal, reference: Cost, finish=lambda s: s) -> None:
+    def __init__(self, goal: Goal, views: list[View], layers: int) -> None:
         self.goal = goal
-        self.finish = finish  # the deferred decisions (ZeRO) a plan is scored with
-        self.model = goal.cost_model
-        self.reference = reference
+        self.views = views
+        self.layers = layers  # costs of two shallow views are extrapolated to this depth
         self.log_n = math.log(1 + max(goal.num_devices, 2))
-        self.cache: dict[State, float] = {}
+        self.reference = self.cost(tuple(v.prop.empty() for v in views), finish=False)
+        self.cache: dict[tuple[State, ...], float] = {}
         self.evaluations = 0
         self.explored: list[tuple[float, int]] = []  # (step time, peak memory) per plan
+
+    def cost(self, states: tuple[State, ...], finish: bool = True) -> Cost:
+        costs = [
+            v.goal.cost_model.cost(v.finish(s) if finish else s, detail=False)
+            for v, s in zip(self.views, states)
+        ]
+        return extrapolate(costs, self.layers)
 
     def metric(self, cost: Cost) -> float:
         if self.goal.objective == "memory":
@@ -112,14 +143,14 @@ class Scorer:
             return float(cost.comm_bytes) + 1.0
         return cost.step_time_s
 
-    def __call__(self, state: State) -> float:
-        hit = self.cache.get(state)
+    def __call__(self, states: tuple[State, ...]) -> float:
+        hit = self.cache.get(states)
         if hit is None:
             self.evaluations += 1
-            cost = self.model.cost(self.finish(state), detail=False)
+            cost = self.cost(states)
             self.explored.append((cost.step_time_s, cost.peak_memory_bytes))
             hit = self.reward(cost)
-            self.cache[state] = hit
+            self.cache[states] = hit
         return hit
 
     def reward(self, cost: Cost) -> float:
@@ -144,6 +175,15 @@ class AxisRecord:
     curve: list[tuple[int, float, float]]
 
 
+class _ProxyMismatch(Exception):
+    """The shallow copies offer other actions than the full program: search it whole."""
+
+
+def _key(prop, a: Action) -> tuple:
+    """An action's identity across views: its group, dim and the group's shape."""
+    return (a.group, a.dim, prop.shapes[a.values[0]])
+
+
 def solve(
     goal: Goal,
     *,
@@ -151,47 +191,94 @@ def solve(
     baselines: bool = True,
 ) -> Plan:
     """Search the goal's schedule for a plan; the best so far on budget end or Ctrl-C."""
+    t0 = time.perf_counter()
+    proxy, why = make_proxy(goal) if goal.search.proxy else (None, "switched off")
+    if proxy is not None:
+        try:
+            return _solve(goal, proxy, why, t0, progress, baselines)
+        except _ProxyMismatch as e:
+            proxy, why = None, str(e)
+    return _solve(goal, None, why, t0, progress, baselines)
+
+
+def _solve(
+    goal: Goal,
+    proxy: Proxy | None,
+    why: str,
+    t0: float,
+    progress: Callable[[str, int, float, float], None] | None,
+    baselines: bool,
+) -> Plan:
     from partir.strategies.experts import expert_plans
 
-    t0 = time.perf_counter()
-    prog, prop = goal.program, goal.propagator
-    replicated = goal.cost_model.cost(prop.empty())
-    groups = find_groups(goal)
-    deferred: list = []
-
-    def finish(state: State) -> State:
-        return prop.apply_all(state, zero_decisions(goal, state, groups, deferred))[0]
-
-    scorer = Scorer(goal, replicated, finish)
+    prog, prop, search = goal.program, goal.propagator, goal.search
+    full = View(goal, find_groups(goal), prop.empty())
+    views = [full]
+    if proxy is not None:
+        views = [View(g, find_groups(g), g.propagator.empty()) for g in proxy.shallow]
     calls: list[list] = []  # every apply_all call on the way, so a plan file can replay it
     calls.append(manual_decisions(goal))
-    state, rejected = prop.apply_all(prop.empty(), calls[-1])
+    full.state, rejected = prop.apply_all(full.state, calls[-1])
     if rejected:
         d = rejected[0]
         raise PlanError(
             f"tile {prog.input_paths[d.value]} dim {d.dim} on {d.axis!r} conflicts with "
             "another tile statement"
         )
+    if proxy is not None:
+        for v in views:
+            v.state = v.prop.apply_all(v.state, manual_decisions(v.goal))[0]
+    scorer = Scorer(goal, views, proxy.layers if proxy else 1)
     axes = schedule_axes(goal)
-    search = goal.search
     records: list[AxisRecord] = []
     per_axis_seconds = search.seconds / max(len(axes), 1) if search.seconds else None
     per_axis_episodes = max(1, search.episodes // max(len(axes), 1)) if search.episodes else None
     for k, axis in enumerate(axes):
         priority = 10 * (k + 1)
-        problem = compile_axis(goal, axis, state, groups, priority)
-        deferred += problem.deferred
+        problem = compile_axis(goal, axis, full.state, full.groups, priority)
+        full.deferred += problem.deferred
         calls.append(problem.required)
-        state, _ = prop.apply_all(state, problem.required)
+        full.state = prop.apply_all(full.state, problem.required)[0]
         before = len(problem.actions)
-        problem.actions = useful_actions(prop, state, problem.actions, axis, priority + 9)
-        pruned, must_tile = 0, []
-        if search.prune == "cpsat" and problem.actions:
-            result = prune_actions(goal, state, problem, priority + 9)
-            pruned, must_tile = result.removed, result.must_tile
-            problem.actions = result.actions
-        env = AxisEnvironment(goal, problem, priority + 9, scorer, must_tile)
-        root = Node(state, False)
+        if proxy is not None:
+            for v in views:
+                p = compile_axis(v.goal, axis, v.state, v.groups, priority)
+                v.deferred += p.deferred
+                v.state = v.prop.apply_all(v.state, p.required)[0]
+                v.actions = p.actions
+        else:
+            full.actions = problem.actions
+        deep = views[-1]
+        useful = useful_actions(deep.prop, deep.state, deep.actions, axis, priority + 9)
+        if proxy is None:
+            actions = useful
+        else:
+            keys = {_key(deep.prop, a) for a in useful}
+            actions = [a for a in problem.actions if _key(prop, a) in keys]
+        pruned, must = 0, set()
+        if search.prune == "cpsat" and actions:
+            result = prune_actions(
+                goal, full.state, dataclasses.replace(problem, actions=actions), priority + 9
+            )
+            pruned = result.removed
+            must = {a.group for a in actions if a.values in result.must_tile}
+            actions = result.actions
+        if proxy is None:
+            full.actions = actions
+        for v in views if proxy is not None else ():
+            by_key = {_key(v.prop, a): a for a in v.actions}
+            wanted = [_key(prop, a) for a in actions]
+            missing = [k for k in wanted if k not in by_key]
+            if missing or len(by_key) != len(v.actions):
+                raise _ProxyMismatch(
+                    f"the shallow copies do not offer the same actions on {axis!r}"
+                    + (f" ({missing[0][0]} dim {missing[0][1]} is missing)" if missing else "")
+                )
+            v.actions = [by_key[k] for k in wanted]
+        for v in views:
+            v.must_tile = list(dict.fromkeys(a.values for a in v.actions if a.group in must))
+        env = AxisEnvironment(views, axis, priority + 9, scorer)
+        root = Node(tuple(v.state for v in views), False)
 
         def report(episode: int, seconds: float, best: float, _axis=axis) -> None:
             if progress:
@@ -209,18 +296,27 @@ def solve(
             progress=report,
         )
         best = result.best_state if result.best_state is not None else root
-        calls += [problem.actions[i].decisions(axis, priority + 9) for i in best.applied]
         chosen = [
             str(a)
-            for a in problem.actions
-            if all(axis in prop.sharding(best.state, v)[a.dim] for v in a.values)
-            and not all(axis in prop.sharding(state, v)[a.dim] for v in a.values)
+            for a in deep.actions
+            if all(axis in deep.prop.sharding(best.state[-1], v)[a.dim] for v in a.values)
+            and not all(axis in deep.prop.sharding(deep.state, v)[a.dim] for v in a.values)
         ]
+        if proxy is None:
+            calls += [actions[i].decisions(axis, priority + 9) for i in best.applied]
+            full.state = best.state[0]
+        else:
+            calls.append(
+                [d for i in best.applied for d in actions[i].decisions(axis, priority + 9)]
+            )
+            full.state = prop.apply_all(full.state, calls[-1])[0]
+            for v, s in zip(views, best.state):
+                v.state = s
         records.append(
             AxisRecord(
                 axis,
                 before,
-                len(problem.actions),
+                len(actions),
                 pruned,
                 result.episodes,
                 result.seconds,
@@ -229,16 +325,15 @@ def solve(
                 result.curve,
             )  # fmt: skip
         )
-        state = best.state
         if result.stop_reason == "interrupted":
             break
-    calls.append(zero_decisions(goal, state, groups, deferred))
-    state = prop.apply_all(state, calls[-1])[0]
+    calls.append(zero_decisions(goal, full.state, full.groups, full.deferred))
+    state = prop.apply_all(full.state, calls[-1])[0]
     seconds = time.perf_counter() - t0
     plan = Plan(goal, state, goal.cost_model.cost(state))
     plan.decisions = [c for c in calls if c]
     if baselines:
-        plan.baselines = {"replicated": replicated}
+        plan.baselines = {"replicated": goal.cost_model.cost(prop.empty())}
         plan.baselines.update({name: p.cost for name, p in expert_plans(goal).items()})
     plan.search = {
         "seed": search.seed,
@@ -249,6 +344,9 @@ def solve(
         "pruned": sum(r.pruned for r in records),
         "evaluations": scorer.evaluations,
         "explored": scorer.explored,
+        "proxy": {"layers": proxy.layers, "used": True}
+        if proxy
+        else {"used": False, "reason": why},
         "axes": [dataclasses.asdict(r) for r in records],
     }
     return plan

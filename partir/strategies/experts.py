@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from partir.goal import Goal
 from partir.ir.specs import PlanError, glob_match
-from partir.solver.actions import largest_dividing_dim
+from partir.solver.actions import largest_dividing_dim, param_prefix
 from partir.solver.plan import Plan, make_plan
 
 Rules = dict[str, P]
@@ -82,9 +82,9 @@ def zero_rules(goal: Goal, axis, *, params: bool, taken: Schedule = ()) -> Rules
     prog = goal.program
     n = _size(goal, axis)
     out = {}
+    prefix = param_prefix(prog)
     for path in _state_paths(goal):
-        head = path.split("/", 1)[0]
-        if head == "params" and not params:
+        if not params and prefix is not None and path.startswith(prefix + "/"):
             continue
         shape = prog.values[prog.inputs[path]].shape
         used = set()
