@@ -158,6 +158,7 @@ class CostModel:
         self.memory_limit = memory_limit
         self.bandwidth = device.axis_bandwidths(self.mesh)
         self._memo: dict[tuple, OpCost] = {}
+        self._shared: dict[tuple, OpCost] = {}  # by rule and sharding (see _shared_cost)
         self._init_liveness(donate)
         self.free = recomputable_values(self.program)
 
@@ -222,10 +223,28 @@ class CostModel:
         key = (i, tuple(state.shardings.get(v) for v, _ in tensors))
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._drop_trivial(self._op_cost(op, [s or ((),) * len(self.prop.shapes[v])
-                                     for (v, _), s in zip(tensors, key[1])]))  # fmt: skip
-            self._memo[key] = hit
+            hit = self._memo[key] = self._shared_cost(op, tensors, key[1])
         return hit
+
+    def _shared_cost(self, op, tensors, shardings: tuple) -> OpCost:
+        """Ops with one rule, dtypes and sharding (an op of each repeated layer) cost the
+        same: computed once, its reuse keys rebound to this op's values."""
+        vids = [v for v, _ in tensors]
+        values = self.program.values
+        sig = (id(op.rule), op.primitive, shardings, tuple(vids.index(v) for v in vids),
+               tuple((v in self.free, values[v].itemsize) for v in vids))  # fmt: skip
+        template = self._shared.get(sig) if op.primitive != "_link" else None
+        if template is None:
+            full = [s or ((),) * len(self.prop.shapes[v]) for v, s in zip(vids, shardings)]
+            c = self._drop_trivial(self._op_cost(op, full))
+            if op.primitive == "_link":
+                return c
+            template = self._shared[sig] = OpCost(c.flops, c.bytes, tuple(
+                (kind, axes, n, None if r is None else (vids.index(r[0]),) + r[1:])
+                for kind, axes, n, r in c.collectives))  # fmt: skip
+        return OpCost(template.flops, template.bytes, tuple(
+            (kind, axes, n, None if r is None else (vids[r[0]],) + r[1:])
+            for kind, axes, n, r in template.collectives))  # fmt: skip
 
     def _op_cost(self, op, shardings: list[Sharding]) -> OpCost:
         """How the op runs, chosen as XLA's SPMD partitioner does (checked against it on

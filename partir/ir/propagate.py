@@ -143,6 +143,7 @@ class Propagator:
             self.sizes.append(rule.sizes)
             self.moves.append(tuple(k in (Kind.PASS, Kind.REDUCTION) for k in rule.kinds))
         self._memo: dict[frozenset, dict] = {}
+        self._shared: dict[tuple, tuple] = {}  # by rule and sharding (see _shared_updates)
         self.ops_of: list[list[int]] = [[] for _ in program.values]
         for i, ts in enumerate(self.tensors):
             for v, _ in ts:
@@ -257,11 +258,29 @@ class Propagator:
         key = (i, tuple(shardings.get(v) for v, _ in tensors))
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = tuple(self._propagate_op_uncached(i, shardings, frozen))
+            hit = memo[key] = self._shared_updates(i, shardings, frozen, key[1])
         else:
             for v, _, new in hit:
                 shardings[v] = new
         return hit
+
+    def _shared_updates(self, i: int, shardings, frozen, current: tuple) -> tuple:
+        """Ops with one rule and the same shardings (an op of each repeated layer) update
+        alike: computed once, by tensor position, and rebound to op `i`'s values."""
+        vids = [v for v, _ in self.tensors[i]]
+        rule = self.program.ops[i].rule
+        sig = (id(rule), current, tuple(vids.index(v) for v in vids),
+               tuple(v in frozen for v in vids))  # fmt: skip
+        template = self._shared.get(sig)
+        if template is None:
+            updates = tuple(self._propagate_op_uncached(i, shardings, frozen))
+            if self.program.ops[i].primitive != "_link":
+                self._shared[sig] = tuple((vids.index(v), old, new) for v, old, new in updates)
+            return updates
+        updates = tuple((vids[t], old, new) for t, old, new in template)
+        for v, _, new in updates:
+            shardings[v] = new
+        return updates
 
     def _propagate_op_uncached(self, i: int, shardings, frozen):
         tensors = self.tensors[i]
