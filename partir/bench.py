@@ -118,6 +118,10 @@ def full_cases() -> list[Case]:
     for model in MODELS:
         for mesh in (MESH_1D, MESH_2D_SMALL, MESH_3D_SMALL):
             out += [case(model, "tiny", mesh, s) for s in ("natural", "auto")]
+    # gpt between the two: its `small` preset (12 layers, d_model 256), compiled on 2x4
+    out += [
+        case("gpt", "small", m, s) for m in (MESH_2D_SMALL, MESH_2D) for s in ("natural", "auto")
+    ]
     for model in MODELS:
         out += [realistic(model, MESH_2D, s) for s in ("natural", "auto")]
         out += [realistic(model, MESH_2D_LARGE), realistic(model, MESH_3D)]
@@ -328,7 +332,10 @@ def _xla(goal, plan) -> dict:
     return {
         "collective_bytes": int(sum(compiled.values())),
         "collective_bytes_by_kind": {k: int(v) for k, v in compiled.items() if v},
-        "peak_bytes": int(report.stats.peak_bytes),
+        # arguments + outputs + temporaries - aliases: XLA:CPU's own peak_memory_in_bytes
+        # counts only arguments and outputs (see CompiledStats.allocated_bytes).
+        "peak_bytes": int(report.stats.allocated_bytes),
+        "reported_peak_bytes": int(report.stats.peak_bytes),
         "argument_bytes": int(report.stats.argument_bytes),
         "predicted_collective_bytes": int(sum(predicted.values())),
         "predicted_collective_bytes_by_kind": {k: int(v) for k, v in predicted.items() if v},
@@ -418,6 +425,8 @@ def run_case(
         "actions_before": plan.search["actions_before"],
         "actions_after": plan.search["actions_after"],
         "pruned": plan.search["pruned"],
+        "mcts_seconds": sum(a["seconds"] for a in plan.search["axes"]),
+        "proxy": plan.search["proxy"],
         "rules": [[p, _spec_str(s)] for p, s in plan.to_rules()],
     }
     if experts == "none":
@@ -447,7 +456,10 @@ def run_case(
         out["same_schedule_ratio"] = _ratio(plan.cost.step_time_s, plans[same].cost.step_time_s)
     if xla and c.devices <= DEVICES:
         out["xla"] = {}
-        for who, g, p in (("searched", goal, plan), ("expert", egoal, best and best[1])):
+        compiled = [("searched", goal, plan), ("expert", egoal, best and best[1])]
+        if same is not None and (best is None or same != best[0]):
+            compiled.append(("same_schedule_expert", egoal, plans[same]))
+        for who, g, p in compiled:
             if p is None:
                 continue
             key = (c.model, c.size, c.overrides, c.mesh, json.dumps(
@@ -465,6 +477,11 @@ def run_case(
         if "collective_bytes" in s and "collective_bytes" in e:
             out["xla"]["collective_ratio"] = _ratio(s["collective_bytes"], e["collective_bytes"])
             out["xla"]["memory_ratio"] = _ratio(s["peak_bytes"], e["peak_bytes"])
+        same_x = out["xla"].get("same_schedule_expert", e if same is not None else {})
+        if "collective_bytes" in s and "collective_bytes" in same_x:
+            out["xla"]["same_schedule_collective_ratio"] = _ratio(
+                s["collective_bytes"], same_x["collective_bytes"]
+            )
     out["wall_seconds"] = time.perf_counter() - t0
     return out
 
@@ -498,6 +515,8 @@ def run_scaling(
         else:
             row.update(
                 seconds=r["searched"]["seconds"],
+                mcts_seconds=r["searched"]["mcts_seconds"],
+                proxy=r["searched"]["proxy"].get("used"),
                 episodes=r["searched"]["episodes"],
                 step_time_s=r["searched"]["step_time_s"],
                 ratio_to_expert=r.get("same_schedule_ratio"),
@@ -507,6 +526,7 @@ def run_scaling(
     base = next((r for r in rows if r.get("seconds")), None)
     for r in rows:
         r["time_ratio"] = _ratio(r.get("seconds"), base["seconds"]) if base else None
+        r["mcts_ratio"] = _ratio(r.get("mcts_seconds"), base["mcts_seconds"]) if base else None
         r["ops_ratio"] = _ratio(r.get("ops"), base["ops"]) if base and base.get("ops") else None
     return {
         "model": "gpt",
@@ -604,13 +624,13 @@ def fidelity(case_results: Iterable[dict]) -> dict:
     """Predicted over XLA, per device, for every plan compiled (each plan once)."""
     rows, seen = [], set()
     for r in case_results:
-        for who in ("searched", "expert"):
+        for who in ("searched", "expert", "same_schedule_expert"):
             x = r.get("xla", {}).get(who)
             if not x or "error" in x or x.get("cached"):
                 continue
-            name = who if who == "searched" else r["expert"]["name"]
+            name = who if who == "searched" else r[who]["name"]
             label = f"{r['model']} {r['size']} {_mesh_str(r['mesh'])} {r['schedule']}: {name}"
-            if who == "expert":
+            if who != "searched":
                 label = f"{r['model']} {r['size']} {_mesh_str(r['mesh'])}: {name}"
             if label in seen:
                 continue
@@ -752,7 +772,7 @@ def _case_row(r: dict) -> list[str]:
     e, s, x = r.get("expert"), r.get("searched"), r.get("xla") or {}
     if "error" in r:
         return [r["model"], r["size"], _mesh_str(r["mesh"]), r["schedule"],
-                "error: " + r["error"][:60], *["-"] * 10]  # fmt: skip
+                "error: " + r["error"][:60], *["-"] * 11]  # fmt: skip
     mark = lambda c: "" if c is None or c["fits"] else " *"  # noqa: E731
     return [
         r["model"],
@@ -774,6 +794,7 @@ def _case_row(r: dict) -> list[str]:
         str(s["episodes"]),
         _pair(x, "collective_bytes"),
         _pair(x, "peak_bytes"),
+        _x(x.get("same_schedule_collective_ratio")),
     ]
 
 
@@ -787,28 +808,33 @@ def _pair(x: dict, key: str) -> str:
 
 CASE_COLUMNS = ["model", "size", "mesh", "schedule", "expert", "expert step", "searched step",
                 "ratio", "same-schedule ratio", "expert mem", "searched mem", "search s", "episodes", "XLA coll (s / e)",
-                "XLA peak (s / e)"]  # fmt: skip
+                "XLA peak (s / e)", "XLA coll s / same"]  # fmt: skip
 CASE_CAPTION = (
     "expert = the fastest sharded expert plan within the limit; ratio = searched / expert "
     "estimated step time (< 1: partir is faster; r: the searched plan is the replicated "
     "one); same-schedule ratio = searched / the expert plan made of the schedule's own "
     "strategies, where one exists; mem = estimated peak per device, * over the limit; XLA "
     "coll / XLA peak = per-device collective bytes and peak memory of the searched / expert "
-    "plan as XLA:CPU compiles them (meshes <= 8 devices)."
+    "plan as XLA:CPU compiles them (meshes <= 8 devices; peak = arguments + outputs + "
+    "temporaries - donated aliases from the compiled memory analysis, since XLA:CPU's "
+    "peak_memory_in_bytes counts arguments and outputs only); XLA coll s / same = searched "
+    "over same-schedule expert compiled collective bytes."
 )
 
 
 def _scaling_rows(s: dict) -> list[list[str]]:
     return [
         [str(r["layers"]), str(r.get("ops", "-")), _x(r.get("trace_seconds")),
-         _x(r.get("seconds")), str(r.get("episodes", "-")), _x(r.get("time_ratio")),
+         "yes" if r.get("proxy") else "no", _x(r.get("seconds")), _x(r.get("mcts_seconds")),
+         str(r.get("episodes", "-")), _x(r.get("time_ratio")), _x(r.get("mcts_ratio")),
          _x(r.get("ops_ratio")), _x(r.get("ratio_to_expert"))]
         for r in s["rows"]
     ]  # fmt: skip
 
 
-SCALING_COLUMNS = ["layers", "ops", "trace s", "search s", "episodes", "search time ratio",
-                   "ops ratio", "step ratio to same-schedule expert"]  # fmt: skip
+SCALING_COLUMNS = ["layers", "ops", "trace s", "proxy", "search s", "MCTS s", "episodes",
+                   "search time ratio", "MCTS time ratio", "ops ratio",
+                   "step ratio to same-schedule expert"]  # fmt: skip
 
 
 def _fidelity_summary_rows(f: dict) -> list[list[str]]:
@@ -1044,8 +1070,11 @@ def markdown(result: dict) -> str:
         parts += [
             "## Scaling",
             "",
-            f"gpt ({size}) on {_mesh_str(s['mesh'])}, {s['strategies']}; search seconds "
-            f"exclude tracing; ratios are to the {s['rows'][0]['layers']}-layer model.",
+            f"gpt ({size}) on {_mesh_str(s['mesh'])}, {s['strategies']}; ratios are to the "
+            f"{s['rows'][0]['layers']}-layer model. search s = all of `solve` after the "
+            "program is traced: with the proxy, tracing the 1- and 2-layer copies, the MCTS "
+            "on them (MCTS s), and building, pruning, propagating and costing the plan on the "
+            "full program (what still grows with depth).",
             "",
             _md_table(SCALING_COLUMNS, _scaling_rows(s)),
             "",

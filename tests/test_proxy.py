@@ -96,3 +96,14 @@ def test_a_program_not_affine_in_depth_is_searched_whole():
     goal = partir.Goal(step, _mlp_stack(5), {"m": 4}, schedule=[st.auto("m")])
     plan = partir.solve(goal, baselines=False)
     assert plan.search["proxy"]["reason"].startswith("the program is not affine")
+
+
+def test_auto_search_replays_its_actions_in_order_on_the_full_program():
+    goals = [gpt_goal(6, proxy=p) for p in (True, False)]
+    for g in goals:
+        g.schedule = [st.auto("batch"), st.auto("model")]
+        g.search = partir.Search(seed=0, episodes=60, proxy=g.search.proxy)
+    fast, full = (partir.solve(g, baselines=False) for g in goals)
+    assert fast.search["proxy"]["used"] and len(fast.search["axes"][0]["chosen"]) > 1
+    assert fast.specs == full.specs
+    assert fast.cost.step_time_s == pytest.approx(full.cost.step_time_s, rel=1e-9)

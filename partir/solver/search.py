@@ -306,10 +306,9 @@ def _solve(
             calls += [actions[i].decisions(axis, priority + 9) for i in best.applied]
             full.state = best.state[0]
         else:
-            calls.append(
-                [d for i in best.applied for d in actions[i].decisions(axis, priority + 9)]
-            )
-            full.state = prop.apply_all(full.state, calls[-1])[0]
+            for i in best.applied:  # one call each, as the search applied them
+                calls.append(actions[i].decisions(axis, priority + 9))
+                full.state = prop.apply_all(full.state, calls[-1])[0]
             for v, s in zip(views, best.state):
                 v.state = s
         records.append(
