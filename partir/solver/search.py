@@ -24,7 +24,7 @@ from partir.ir.propagate import State
 from partir.ir.specs import PlanError
 from partir.solver import mcts
 from partir.solver.actions import Action, find_groups, useful_actions
-from partir.solver.plan import Plan
+from partir.solver.plan import Plan, input_decisions
 from partir.solver.proxy import Proxy, extrapolate, make_proxy
 from partir.solver.prune import prune_actions
 from partir.strategies.compile import (
@@ -331,6 +331,10 @@ def _solve(
     seconds = time.perf_counter() - t0
     plan = Plan(goal, state, goal.cost_model.cost(state))
     plan.decisions = [c for c in calls if c]
+    alt = _from_inputs(goal, plan)
+    repropagated = alt is not None and _better(goal, scorer, alt.cost, plan.cost)
+    if repropagated:
+        plan = alt
     if baselines:
         plan.baselines = {"replicated": goal.cost_model.cost(prop.empty())}
         plan.baselines.update({name: p.cost for name, p in expert_plans(goal).items()})
@@ -346,6 +350,31 @@ def _solve(
         "proxy": {"layers": proxy.layers, "used": True}
         if proxy
         else {"used": False, "reason": why},
+        "repropagated": repropagated,  # the plan is its input shardings propagated afresh
         "axes": [dataclasses.asdict(r) for r in records],
     }
     return plan
+
+
+def _from_inputs(goal: Goal, plan: Plan) -> Plan | None:
+    """The plan that the input shardings alone give, propagated from scratch: the order
+    the search made its decisions in can leave values inside the program sharded worse."""
+    prop = goal.propagator
+    decisions = input_decisions(goal, plan.specs)
+    state, rejected = prop.apply_all(prop.empty(), decisions)
+    if rejected:
+        return None
+    alt = Plan(goal, state, goal.cost_model.cost(state))
+    alt.decisions = [decisions]
+    return alt
+
+
+def _better(goal: Goal, scorer: Scorer, a: Cost, b: Cost) -> bool:
+    """Whether cost `a` beats `b`: within the memory limit first, then the objective."""
+    limit = goal.memory_limit
+    fits = lambda c: limit is None or c.peak_memory_bytes <= limit  # noqa: E731
+    if fits(a) != fits(b):
+        return fits(a)
+    if not fits(a):
+        return a.peak_memory_bytes < b.peak_memory_bytes
+    return scorer.metric(a) < scorer.metric(b)
