@@ -86,6 +86,8 @@ def param_prefix(prog) -> str | None:
             )
             if score > best_score:
                 best, best_score = prefix, score
+        if best is not None:  # whole arguments first; fields only when none scores
+            break
     return best if best is not None else heads[0]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,52 +78,34 @@ class Plan:
         return plan_jit(self, mesh, donate=donate, constrain=constrain)
 
     def to_rules(self) -> list[tuple[str, PartitionSpec]]:
-        """An ordered partition-rule list, as hand-written Flax/T5X rules read: a parameter
-        and its optimizer moments that agree become one `**/<tail>` rule, repeated layers
-        that agree one `*` pattern, and a final `**` keeps the rest whole."""
-        from partir.solver.actions import layer_pattern
+        """An ordered partition-rule list, as hand-written Flax/T5X rules read; the first
+        pattern that matches a path wins and a final `("**", P())` keeps the rest whole.
 
-        params = {p.split("/", 1)[1] for p in self.in_shardings if p.startswith("params/")}
-
-        def tail(path: str) -> str | None:
-            parts = path.split("/")
-            for i in range(1, len(parts)):
-                if "/".join(parts[i:]) in params:
-                    return "/".join(parts[i:])
-            return None
-
-        groups: dict[str, list[tuple[str, Sharding]]] = {}
-        for path, sharding in self.in_shardings.items():
-            t = tail(path)
-            key = "**/" + layer_pattern(t) if t else layer_pattern(path)
-            groups.setdefault(key, []).append((path, sharding))
-        rules: list[tuple[str, PartitionSpec]] = []
-        for key, members in groups.items():
-            if len({s for _, s in members}) == 1:
-                if any(members[0][1]):
-                    rules.append((key, to_spec(members[0][1])))
-                continue
-            by_layer: dict[str, list[tuple[str, Sharding]]] = {}
-            for path, s in members:  # the layers disagree: one rule per layer if its
-                t = tail(path)  # parameter and moments agree, else one per path
-                by_layer.setdefault("**/" + t if t else path, []).append((path, s))
-            for pattern, ms in by_layer.items():
-                if len({s for _, s in ms}) == 1:
-                    if any(ms[0][1]):
-                        rules.append((pattern, to_spec(ms[0][1])))
-                else:
-                    rules += [(p, to_spec(s)) for p, s in ms if any(s)]
-        rules.append(("**", PartitionSpec()))
-        return rules
+        A parameter and the optimizer moments that end with its path (`model/blocks/0/
+        attn/query/kernel`, `optimizer/opt_state/0/mu/blocks/0/attn/query/kernel`) share
+        one `**/blocks/*/attn/query/kernel` rule when they and the repeated layers agree;
+        otherwise the rule narrows (one layer, one argument, one path) just enough.
+        Applying the rules in order gives back exactly this plan's input specs."""
+        return [(p, to_spec(s)) for p, s in partition_rules(self.in_shardings)]
 
     def rules_source(self, filename: str = "rules.py") -> str:
-        """`to_rules()` as a Python module (or JSON, for a `.json` filename)."""
+        """`to_rules()` as a Python module (or JSON, for a `.json` filename): `RULES`, plus
+        `spec_for(path)` and `tree_specs(tree, prefix)` that apply them without partir."""
         rules = self.to_rules()
         if filename.endswith(".json"):
-            return json.dumps([[p, list(spec)] for p, spec in rules], indent=1) + "\n"
+            return json.dumps([[p, spec_to_json(to_sharding(s, len(s)))] for p, s in rules],
+                              indent=1) + "\n"  # fmt: skip
         lines = [
-            '"""Partition rules found by partir: the first pattern that matches a path wins."""',
+            '"""Partition rules found by partir: the first pattern that matches a path wins.',
             "",
+            "A path is the pytree key path joined with '/' (dict keys, sequence indices,",
+            "attribute names), under the name of the argument: `model/blocks/0/attn/query/",
+            "kernel`. In a pattern `*` matches one path element (or part of one) and `**` any",
+            'number of them."""',
+            "",
+            "import fnmatch",
+            "",
+            "import jax",
             "from jax.sharding import PartitionSpec as P",
             "",
             "RULES = [",
@@ -130,8 +113,8 @@ class Plan:
         for pattern, spec in rules:
             entries = ", ".join(repr(e) for e in spec)
             lines.append(f"    ({pattern!r}, P({entries})),")
-        lines.append("]")
-        return "\n".join(lines) + "\n"
+        lines += ["]", "", "", _RULES_HELPERS]
+        return "\n".join(lines)
 
     # -- the plan file --------------------------------------------------------------
     def to_json(self) -> str:
@@ -189,6 +172,115 @@ class Plan:
             f"Plan({sharded}/{len(self.in_shardings)} inputs sharded, "
             f"step {self.cost.step_time_s:.3g} s, peak {self.cost.peak_memory_bytes} B)"
         )
+
+
+_RULES_HELPERS = '''def _match(pattern, parts):
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_match(pattern[1:], parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _match(pattern[1:], parts[1:])
+
+
+def spec_for(path, rules=RULES):
+    """The spec of the first rule whose pattern matches `path` (P() if none does)."""
+    parts = tuple(path.split("/"))
+    for pattern, spec in rules:
+        if _match(tuple(pattern.split("/")), parts):
+            return spec
+    return P()
+
+
+def _key(k):
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k).strip("[].")
+
+
+def tree_specs(tree, prefix, rules=RULES):
+    """A pytree of PartitionSpecs like `tree`, its leaves named `prefix/<key path>`."""
+    return jax.tree_util.tree_map_with_path(
+        lambda kp, _: spec_for("/".join([prefix, *map(_key, kp)]), rules), tree
+    )
+'''
+
+
+_INDEX = re.compile(r"^\d+$")
+
+
+def _escape(element: str) -> str:
+    """A path element as a glob that matches only itself."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in element)
+
+
+def _pattern(parts: Sequence[str], layers: bool) -> str:
+    """`parts` as a glob; with `layers`, every index element becomes `*`."""
+    return "/".join("*" if layers and _INDEX.match(e) else _escape(e) for e in parts)
+
+
+def _shared_tails(paths: Sequence[str]) -> dict[str, str]:
+    """{path: the parameter path tail it shares with other arguments' inputs}.
+
+    `optimizer/opt_state/0/mu/blocks/0/w` ends with `blocks/0/w`, the tail of
+    `model/blocks/0/w` under another argument: both map to `blocks/0/w`."""
+    heads: dict[str, set[str]] = {}
+    for p in paths:
+        head, _, tail = p.partition("/")
+        if tail:
+            heads.setdefault(tail, set()).add(head)
+    found: dict[str, str] = {}
+    for p in paths:
+        parts = p.split("/")
+        for i in range(1, len(parts)):  # the longest suffix another argument names
+            t = "/".join(parts[i:])
+            if heads.get(t, set()) - {parts[0]}:
+                found[p] = t
+                break
+    shared = set(found.values())
+    for p in paths:
+        tail = p.partition("/")[2]
+        if p not in found and tail in shared:
+            found[p] = tail
+    return found
+
+
+def partition_rules(shardings: Mapping[str, Sharding]) -> list[tuple[str, Sharding]]:
+    """An ordered rule list that gives every path its sharding under first-match-wins
+    (see `Plan.to_rules`). Greedy in path order: the first path of each sharded group
+    tries its patterns from the most general to the exact path, and takes the first
+    whose still-unclaimed matches all want the same sharding; replicated paths are left
+    to the final `**`."""
+    from partir.ir.specs import glob_match
+
+    paths = list(shardings)
+    tails = _shared_tails(paths)
+    by_leaf: dict[str, list[str]] = {}
+    for p in paths:
+        by_leaf.setdefault(p.rsplit("/", 1)[-1], []).append(p)
+    open_ = dict.fromkeys(paths)  # paths no rule has claimed yet, in order
+    rules: list[tuple[str, Sharding]] = []
+    for path in paths:
+        want = shardings[path]
+        if path not in open_ or not any(want):
+            continue
+        parts = path.split("/")
+        candidates = []
+        if path in tails:
+            t = tails[path].split("/")
+            candidates += ["**/" + _pattern(t, True), "**/" + _pattern(t, False)]
+        candidates += [_pattern(parts, True), _pattern(parts, False)]
+        for pattern in dict.fromkeys(candidates):
+            leaf = pattern.rsplit("/", 1)[-1]
+            pool = paths if any(c in leaf for c in "*?[") else by_leaf.get(leaf, [])
+            claimed = [q for q in pool if q in open_ and glob_match(pattern, q)]
+            if path in claimed and all(shardings[q] == want for q in claimed):
+                rules.append((pattern, want))
+                for q in claimed:
+                    del open_[q]
+                break
+    rules.append(("**", ()))
+    return rules
 
 
 def replay(goal: Goal, d: Mapping[str, Any]) -> Plan:
