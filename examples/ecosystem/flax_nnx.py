@@ -16,9 +16,6 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-import partir
-from partir import strategies as st
-
 
 class Attention(nnx.Module):
     def __init__(self, d: int, heads: int, rngs: nnx.Rngs) -> None:
@@ -93,21 +90,9 @@ def train_step_and_args(*, vocab=256, d_model=256, heads=8, layers=2, batch=16, 
 
 
 def main() -> None:
-    jax.config.update("jax_num_cpu_devices", 8)  # fake devices: a script may, a library not
-    from partir.testing import check_plan, max_relative_error
+    from _demo import plan_and_compare
 
-    train_step, args = train_step_and_args()
-    goal = partir.Goal(train_step, args, mesh={"batch": 2, "model": 4}, device="tpu-v4",
-                       schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(seed=0, episodes=40))  # fmt: skip
-    plan = partir.solve(goal)
-    check_plan(goal, plan)
-    print(plan)
-    got, want = plan.jit()(*args), jax.jit(train_step)(*args)
-    print("loss sharded / unsharded:", float(got[2]["loss"]), float(want[2]["loss"]))
-    print("max relative error of the gradients (Adam's mu):",
-          max_relative_error(got[1]["opt_state"], want[1]["opt_state"]))  # fmt: skip
-    print(plan.rules_source())
+    plan_and_compare(train_step_and_args, moments=lambda s: s["opt_state"])
 
 
 if __name__ == "__main__":

@@ -13,9 +13,6 @@ import haiku as hk
 import jax
 import optax
 
-import partir
-from partir import strategies as st
-
 
 def train_step_and_args(*, d_in=256, hidden=1024, classes=16, layers=3, batch=64, seed=0):
     """A pure `train_step(params, opt_state, batch)` of a Haiku MLP classifier with
@@ -44,21 +41,9 @@ def train_step_and_args(*, d_in=256, hidden=1024, classes=16, layers=3, batch=64
 
 
 def main() -> None:
-    jax.config.update("jax_num_cpu_devices", 8)  # fake devices: a script may, a library not
-    from partir.testing import check_plan, max_relative_error
+    from _demo import plan_and_compare
 
-    train_step, args = train_step_and_args()
-    goal = partir.Goal(train_step, args, mesh={"batch": 2, "model": 4}, device="tpu-v4",
-                       schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(seed=0, episodes=40))  # fmt: skip
-    plan = partir.solve(goal)
-    check_plan(goal, plan)
-    print(plan)
-    got, want = plan.jit()(*args), jax.jit(train_step)(*args)
-    print("loss sharded / unsharded:", float(got[2]["loss"]), float(want[2]["loss"]))
-    print("max relative error of the gradients (Adam's mu):",
-          max_relative_error(got[1][0].mu, want[1][0].mu))  # fmt: skip
-    print(plan.rules_source())
+    plan_and_compare(train_step_and_args)
 
 
 if __name__ == "__main__":

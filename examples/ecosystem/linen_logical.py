@@ -22,7 +22,6 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 import partir
-from partir import strategies as st
 
 BATCH_AXES = ("activation_batch", "activation_length")  # the logical names of the data
 RESIDUAL = (*BATCH_AXES, "activation_embed")  # the residual stream's
@@ -163,13 +162,13 @@ def _same(a: P, b: P) -> bool:
 
 def main() -> None:
     jax.config.update("jax_num_cpu_devices", 8)  # fake devices: a script may, a library not
+    from _demo import goal_for
+
     from partir.solver.jit import make_mesh
     from partir.testing import check_plan
 
     train_step, args, logical = train_step_and_args()
-    goal = partir.Goal(train_step, args, mesh={"batch": 2, "model": 4}, device="tpu-v4",
-                       schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(seed=0, episodes=40))  # fmt: skip
+    goal = goal_for(train_step, args)
     plan = partir.solve(goal)
     check_plan(goal, plan)
     print(plan)
