@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from partir.ir.cost import fmt_bytes, fmt_seconds
+from partir.solver.actions import param_prefix
 
 
 def _where(source: str) -> str:
@@ -22,14 +23,15 @@ def layer_of_ops(goal) -> list[str]:
     before it, in program order, that reads a parameter or optimizer state directly.
     Forward and backward ops of a layer both read its weights, so they land in it."""
     prog = goal.program
+    prefix = param_prefix(prog)
     tag_of_input = {}
     for path, vid in prog.inputs.items():
         parts = path.split("/")
         if "layers" in parts and parts.index("layers") + 1 < len(parts):
             i = parts.index("layers")
             tag_of_input[vid] = "/".join(parts[i : i + 2])
-        elif path.startswith("params/"):
-            tag_of_input[vid] = parts[1]
+        elif prefix is not None and path.startswith(prefix + "/"):
+            tag_of_input[vid] = path[len(prefix) + 1 :].split("/")[0]
     out, current = [], "(inputs)"
     for op in prog.ops:
         for v in op.inputs:
