@@ -130,3 +130,16 @@ def test_every_zoo_primitive_has_a_rule():
     floor ceil round logistic erf erf_inv expm1 log1p random_bits random_wrap random_unwrap
     random_fold_in threefry2x32 scatter bitcast_convert_type shift_right_logical""".split()
     assert [p for p in listed if p not in RULES] == []
+
+
+def test_unstack_is_stack_reversed():
+    """jax >= 0.11 emits unstack (iterating an array, random.split): built directly here
+    so the rule is checked on every supported jax."""
+    stacked = [(3, 4, 5)]
+    slices = [(3, 5)] * 4
+    assert str(RULES["unstack"](stacked, slices, {"axis": 1})) == (
+        "([i, k, j])->([i, j], [i, j], [i, j], [i, j]) {i=3, j=5, k=4} permutation={k}"
+    )
+    assert str(RULES["stack"](slices, stacked, {"axis": 1})).startswith(
+        "([i, j], [i, j], [i, j], [i, j])->([i, k, j])"
+    )

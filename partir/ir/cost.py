@@ -30,7 +30,7 @@ _NO_FLOPS = {
     "_link", "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "slice",
     "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "copy_p",
     "convert_element_type", "iota", "gather", "split", "sharding_constraint", "name",
-    "optimization_barrier", "bitcast_convert_type", "stop_gradient", "stack", "reshard",
+    "optimization_barrier", "bitcast_convert_type", "stop_gradient", "stack", "unstack", "reshard",
     "mesh_cast", "random_wrap", "random_unwrap", "random_clone",
 }  # fmt: skip
 

@@ -332,7 +332,7 @@ class _Builder:
     ) -> list[int]:
         p = eqn.params
         jaxpr, consts = _open(p["jaxpr"])
-        nc, nk = p["num_consts"], p["num_carry"]
+        nc, nk = scan_counts(p)
         inner = mult * int(p["length"])
         avals = [v.aval for v in jaxpr.invars]
         body_in = (
@@ -388,6 +388,17 @@ def _open(j: Any) -> tuple[Any, Sequence[Any]]:
     if isinstance(j, jex.core.ClosedJaxpr):
         return j.jaxpr, j.consts
     return j, ()
+
+
+def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
+    """(constants, carried values) of a scan equation: the leading operands of its body.
+
+    jax < 0.11 names them num_consts/num_carry; jax 0.11 packs the operand tree as ft_in
+    (constants, carry, xs)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts.vals)), len(list(carry.vals))
 
 
 def _source(eqn: Any) -> str:

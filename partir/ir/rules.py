@@ -505,6 +505,17 @@ def _stack(ins, outs, params) -> Rule:
     return b.build(unmapped=Kind.PERMUTE)
 
 
+def _unstack(ins, outs, params) -> Rule:
+    """unstack along `axis` (jax >= 0.11, from iterating an array or random.split): the
+    operand's other dims pass to every result; the unstacked dim stays whole."""
+    axis = params["axis"]
+    b = Builder(ins, outs)
+    for d, size in enumerate(outs[0]):
+        o = d if d < axis else d + 1
+        b.factor(size, operands={0: o}, results={i: d for i in range(len(outs))})
+    return b.build(unmapped=Kind.PERMUTE)
+
+
 def _generate(ins, outs, params) -> Rule:
     """random_bits, random_split: keys [K...] -> [K..., shape...]. The key dims pass; the
     generated dims are the result's own, free to tile like an iota's (XLA generates the
@@ -703,6 +714,7 @@ RULES: dict[str, Callable[..., Rule]] = {
     "sort": _along_axis("dimension"),
     "split": _split,
     "stack": _stack,
+    "unstack": _unstack,
     "squeeze": _squeeze,
     "top_k": _top_k,
     "transpose": _transpose,

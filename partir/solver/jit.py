@@ -23,7 +23,7 @@ import jax.extend as jex
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from partir.ir.constraints import CONSTRAINT_PRIMITIVES
-from partir.ir.program import INLINED_CALLS, _open
+from partir.ir.program import INLINED_CALLS, _open, scan_counts
 from partir.ir.specs import to_spec
 
 
@@ -149,7 +149,7 @@ class _Replay:
             return list(ins)
         if name == "scan":
             jaxpr, consts = _open(p["jaxpr"])
-            nc, nk = p["num_consts"], p["num_carry"]
+            nc, nk = scan_counts(p)
             c, init, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
 
             def body(carry, x):
