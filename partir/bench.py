@@ -323,7 +323,7 @@ def best_expert(plans: dict[str, Any]) -> tuple[str, Any] | None:
 def _xla(goal, plan) -> dict:
     """What XLA compiles for `plan`, beside the cost model's prediction (per device)."""
     from partir.ir.xla import as_cpu_kinds
-    from partir.solver.verify import verify
+    from partir.solver.verify import priced_comm_s, verify
 
     t0 = time.perf_counter()
     report = verify(goal, plan)
@@ -332,6 +332,9 @@ def _xla(goal, plan) -> dict:
     return {
         "collective_bytes": int(sum(compiled.values())),
         "collective_bytes_by_kind": {k: int(v) for k, v in compiled.items() if v},
+        "collective_count": sum(c.multiplicity for c in report.stats.collectives),
+        # estimate: the compiled collectives priced by the cost model's alpha-beta terms
+        "priced_comm_s": priced_comm_s(report.stats, goal.cost_model),
         # arguments + outputs + temporaries - aliases: XLA:CPU's own peak_memory_in_bytes
         # counts only arguments and outputs (see CompiledStats.allocated_bytes).
         "peak_bytes": int(report.stats.allocated_bytes),
@@ -481,6 +484,9 @@ def run_case(
         if "collective_bytes" in s and "collective_bytes" in same_x:
             out["xla"]["same_schedule_collective_ratio"] = _ratio(
                 s["collective_bytes"], same_x["collective_bytes"]
+            )
+            out["xla"]["same_schedule_priced_comm_ratio"] = _ratio(
+                s["priced_comm_s"], same_x["priced_comm_s"]
             )
     out["wall_seconds"] = time.perf_counter() - t0
     return out
@@ -772,7 +778,7 @@ def _case_row(r: dict) -> list[str]:
     e, s, x = r.get("expert"), r.get("searched"), r.get("xla") or {}
     if "error" in r:
         return [r["model"], r["size"], _mesh_str(r["mesh"]), r["schedule"],
-                "error: " + r["error"][:60], *["-"] * 11]  # fmt: skip
+                "error: " + r["error"][:60], *["-"] * 12]  # fmt: skip
     mark = lambda c: "" if c is None or c["fits"] else " *"  # noqa: E731
     return [
         r["model"],
@@ -795,6 +801,7 @@ def _case_row(r: dict) -> list[str]:
         _pair(x, "collective_bytes"),
         _pair(x, "peak_bytes"),
         _x(x.get("same_schedule_collective_ratio")),
+        _x(x.get("same_schedule_priced_comm_ratio")),
     ]
 
 
@@ -808,7 +815,7 @@ def _pair(x: dict, key: str) -> str:
 
 CASE_COLUMNS = ["model", "size", "mesh", "schedule", "expert", "expert step", "searched step",
                 "ratio", "same-schedule ratio", "expert mem", "searched mem", "search s", "episodes", "XLA coll (s / e)",
-                "XLA peak (s / e)", "XLA coll s / same"]  # fmt: skip
+                "XLA peak (s / e)", "XLA coll s / same", "XLA comm time s / same (est.)"]  # fmt: skip
 CASE_CAPTION = (
     "expert = the fastest sharded expert plan within the limit; ratio = searched / expert "
     "estimated step time (< 1: partir is faster; r: the searched plan is the replicated "
@@ -818,7 +825,10 @@ CASE_CAPTION = (
     "plan as XLA:CPU compiles them (meshes <= 8 devices; peak = arguments + outputs + "
     "temporaries - donated aliases from the compiled memory analysis, since XLA:CPU's "
     "peak_memory_in_bytes counts arguments and outputs only); XLA coll s / same = searched "
-    "over same-schedule expert compiled collective bytes."
+    "over same-schedule expert compiled collective bytes; XLA comm time s / same (est.) = "
+    "the same two plans' compiled collectives priced by the cost model's alpha-beta terms "
+    "(an estimate: XLA combines independent collectives, which the cost model does not, so "
+    "latency-bound plans can differ)."
 )
 
 

@@ -67,7 +67,8 @@ def param_prefix(prog) -> str | None:
     argument is so named, else the argument (or its first field) whose path tails the
     other carried inputs end with most often (`model` beside `optimizer/opt_state/0/mu/
     blocks/0/w`), else the first carried argument. None when nothing is carried."""
-    carried = [p for p in prog.inputs if p in set(prog.carried.values())]
+    carried_paths = set(prog.carried.values())
+    carried = [p for p in prog.inputs if p in carried_paths]
     if not carried:
         return None
     heads = [p.split("/", 1)[0] for p in carried]

@@ -20,7 +20,7 @@ import math
 from ortools.sat.python import cp_model
 
 from partir.goal import Goal
-from partir.ir.cost import fmt_bytes
+from partir.ir.cost import Cost, fmt_bytes
 from partir.ir.propagate import State
 from partir.strategies.compile import AxisProblem, schedule_axes
 
@@ -39,7 +39,11 @@ class Pruned:
 SCALE = 1024  # CP-SAT works on integers: bytes in KiB, rounded so bounds stay sound
 
 
-def prune_actions(goal: Goal, state: State, problem: AxisProblem, priority: int) -> Pruned:
+def prune_actions(
+    goal: Goal, state: State, problem: AxisProblem, priority: int, cost: Cost | None = None
+) -> Pruned:
+    """`cost`: the cost of `state` when the caller has it (or an extrapolation of it, as the
+    proxy search has); else it is computed."""
     limit = goal.memory_limit
     if limit is None or not problem.actions:
         return Pruned(list(problem.actions), [], 0)
@@ -48,7 +52,8 @@ def prune_actions(goal: Goal, state: State, problem: AxisProblem, priority: int)
     later = axes[axes.index(problem.axis) + 1 :]
     n = goal.mesh[problem.axis]
     rest = math.prod(goal.mesh[a] for a in later)
-    cost = model_.cost(state, detail=False)
+    if cost is None:
+        cost = model_.cost(state, detail=False)
     activations = max(cost.peak_memory_bytes - cost.argument_bytes, 0) / (n * rest)
     local = model_.local_bytes(state)
     inputs = list(goal.program.inputs.values())

@@ -21,7 +21,7 @@ from typing import Any
 from partir.goal import Goal
 from partir.ir.cost import Cost
 from partir.ir.propagate import State
-from partir.ir.specs import PlanError
+from partir.ir.specs import PlanError, to_spec
 from partir.solver import mcts
 from partir.solver.actions import Action, find_groups, useful_actions
 from partir.solver.plan import Plan, input_decisions
@@ -258,7 +258,11 @@ def _solve(
         pruned, must = 0, set()
         if search.prune == "cpsat" and actions:
             result = prune_actions(
-                goal, full.state, dataclasses.replace(problem, actions=actions), priority + 9
+                goal,
+                full.state,
+                dataclasses.replace(problem, actions=actions),
+                priority + 9,
+                cost=scorer.cost(tuple(v.state for v in views), finish=False) if proxy else None,
             )
             pruned = result.removed
             must = {a.group for a in actions if a.values in result.must_tile}
@@ -328,13 +332,14 @@ def _solve(
             break
     calls.append(zero_decisions(goal, full.state, full.groups, full.deferred))
     state = prop.apply_all(full.state, calls[-1])[0]
-    seconds = time.perf_counter() - t0
     plan = Plan(goal, state, goal.cost_model.cost(state))
     plan.decisions = [c for c in calls if c]
-    alt = _from_inputs(goal, plan)
+    # the views tell cheaply whether propagating the input shardings afresh can pay
+    alt = _from_inputs(goal, plan) if proxy is None or _views_repropagate(views, scorer) else None
     repropagated = alt is not None and _better(goal, scorer, alt.cost, plan.cost)
     if repropagated:
         plan = alt
+    seconds = time.perf_counter() - t0
     if baselines:
         plan.baselines = {"replicated": goal.cost_model.cost(prop.empty())}
         plan.baselines.update({name: p.cost for name, p in expert_plans(goal).items()})
@@ -359,14 +364,36 @@ def _solve(
 def _from_inputs(goal: Goal, plan: Plan) -> Plan | None:
     """The plan that the input shardings alone give, propagated from scratch: the order
     the search made its decisions in can leave values inside the program sharded worse."""
-    prop = goal.propagator
     decisions = input_decisions(goal, plan.specs)
-    state, rejected = prop.apply_all(prop.empty(), decisions)
-    if rejected:
+    state = _propagate_afresh(goal, decisions)
+    if state is None:
         return None
     alt = Plan(goal, state, goal.cost_model.cost(state))
     alt.decisions = [decisions]
     return alt
+
+
+def _propagate_afresh(goal: Goal, decisions: list) -> State | None:
+    prop = goal.propagator
+    state, rejected = prop.apply_all(prop.empty(), decisions)
+    return None if rejected else state
+
+
+def _views_repropagate(views: list[View], scorer: Scorer) -> bool:
+    """Whether the views' input shardings, propagated afresh, beat their searched states."""
+    finals, alts = [], []
+    for v in views:
+        final = v.finish(v.state)
+        specs = {
+            p: to_spec(v.prop.sharding(final, vid)) for p, vid in v.goal.program.inputs.items()
+        }
+        alt = _propagate_afresh(v.goal, input_decisions(v.goal, specs))
+        if alt is None:
+            return False
+        finals.append(final)
+        alts.append(alt)
+    a, b = scorer.cost(tuple(alts), finish=False), scorer.cost(tuple(finals), finish=False)
+    return _better(scorer.goal, scorer, a, b)
 
 
 def _better(goal: Goal, scorer: Scorer, a: Cost, b: Cost) -> bool:

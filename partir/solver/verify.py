@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 
 from partir.ir.cost import KINDS, fmt_bytes
 from partir.ir.xla import CompiledStats, as_cpu_kinds, stats_of_compiled
@@ -79,3 +81,25 @@ def verify(goal, plan, *, mesh=None) -> VerifyReport:
     )
     rows.append(VerifyRow("memory (est.)", cost.peak_memory_bytes, stats.allocated_bytes, True))
     return VerifyReport(predicted, measured, rows, stats, all(r.ok for r in rows))
+
+
+def priced_comm_s(stats: CompiledStats, model) -> float:
+    """Seconds per step of the collectives XLA compiled, priced by `model`'s alpha-beta
+    terms (CostModel.collective_time): an estimate, the compiled collectives on the model's
+    device. A replica group of n devices is priced on the mesh axes whose sizes multiply to
+    n (the first such set in mesh order); a collective-permute on the slowest axis."""
+    mesh = dict(model.mesh)
+    total = 0.0
+    for c in stats.collectives:
+        axes = tuple(mesh) if c.kind == "collective-permute" else _axes_of(mesh, c.group_size)
+        total += c.multiplicity * model.collective_time(c.kind, axes, c.bytes)
+    return total
+
+
+def _axes_of(mesh: dict[str, int], n: int) -> tuple[str, ...]:
+    names = list(mesh)
+    for k in range(1, len(names) + 1):
+        for combo in itertools.combinations(names, k):
+            if math.prod(mesh[a] for a in combo) == n:
+                return combo
+    return tuple(names)
