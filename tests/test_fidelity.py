@@ -106,8 +106,8 @@ def test_megatron_layer_closed_form():
 
 def test_compiled_collectives_priced_by_the_cost_model():
     """XLA combines the data-parallel gradient all-reduces into one; priced with the cost
-    model's alpha-beta terms that is one all-reduce of every gradient over `batch`, cheaper
-    than the model's one-per-gradient estimate by the latency it saves."""
+    model's alpha-beta terms that is one all-reduce of every gradient over `batch`, and the
+    model, which fuses independent collectives too, predicts the same time."""
     goal = goal_for("mlp", MESH_1D)
     plan = make_plan(goal, expert_schedules(goal)["BP"]())
     report = verify(goal, plan)
@@ -116,4 +116,5 @@ def test_compiled_collectives_priced_by_the_cost_model():
     one = model.collective_time("all-reduce", ("batch",), total)
     priced = priced_comm_s(report.stats, model)
     assert close(priced, one)
-    assert priced < plan.cost.comm_s
+    assert close(plan.cost.comm_s, priced)
+    assert len(plan.cost.collectives) > 1  # listed one per gradient, priced as one

@@ -33,11 +33,20 @@ def test_groups_tie_params_to_moments_and_layers():
     assert groups["batch/tokens"].data and not groups["batch/tokens"].params
 
 
-def test_searched_plan_is_valid_and_beats_the_applicable_experts():
-    goal = gpt_goal()
+@pytest.mark.parametrize(
+    "zero, experts",
+    [(True, ("BP+MP+Z3",)), (False, ("BP", "BP+MP"))],
+    ids=["with-zero3", "without-zero"],
+)
+def test_searched_plan_is_valid_and_beats_the_applicable_experts(zero, experts):
+    """Applicable: the experts the schedule can express. zero(stage=3) tiles every
+    parameter, so with it BP and BP+MP are outside the search space, and without it
+    BP+MP+Z3 is."""
+    schedule = [st.batch("batch")] + ([st.zero("batch", 3)] if zero else [])
+    goal = gpt_goal(schedule=schedule + [st.megatron("model")])
     plan = partir.solve(goal)
     check_plan(goal, plan)
-    best = min(plan.baselines[n].step_time_s for n in ("BP", "BP+MP", "BP+MP+Z3"))
+    best = min(plan.baselines[n].step_time_s for n in experts)
     assert plan.cost.step_time_s <= best * 1.0001
     assert plan.search["actions_after"] < plan.search["actions_before"]
     assert plan.specs["batch/tokens"][0] == "batch"

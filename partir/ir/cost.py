@@ -7,7 +7,11 @@ all-to-all, or a free local slice); a sharded reduction factor leaves a partial 
 all-reduce, or a reduce-scatter where the result is itself tiled on that axis.
 
 Step time is an estimate: compute as max(FLOPs / peak, bytes / HBM bandwidth) per op, plus
-every collective on an alpha-beta ring model per mesh axis, with no overlap. Memory is an
+every collective on an alpha-beta ring model per mesh axis, with no overlap. Collectives
+of one kind over the same axes that cannot depend on each other (the same number of
+collectives on the longest chain before them) pay their latency once, as XLA's collective
+combiners fuse them into one (the gradient all-reduces of data parallelism, the parameter
+all-gathers of ZeRO-3); the combiners' size thresholds are not modelled. Memory is an
 estimate too: live bytes in program order (arguments live throughout, unless donated).
 `partir.verify` holds both against what XLA compiles.
 """
@@ -347,16 +351,26 @@ class CostModel:
 
     # -- totals -----------------------------------------------------------------------
     def collective_time(self, kind: str, axes: Axes, nbytes: float) -> float:
+        """Ring alpha-beta time of one collective of `nbytes` over `axes`."""
         n = math.prod(self.mesh[a] for a in axes)
         if n <= 1:
             return 0.0
         bw = min(self.bandwidth[a] for a in axes)
-        alpha = self.device.latency
         if kind == "all-reduce":
-            return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha
+            return 2 * (n - 1) / n * nbytes / bw + self.collective_latency(kind, axes)
         if kind == "collective-permute":
-            return nbytes / bw + alpha
-        return (n - 1) / n * nbytes / bw + (n - 1) * alpha
+            return nbytes / bw + self.collective_latency(kind, axes)
+        return (n - 1) / n * nbytes / bw + self.collective_latency(kind, axes)
+
+    def collective_latency(self, kind: str, axes: Axes) -> float:
+        """The alpha part of collective_time: what combining two collectives saves."""
+        n = math.prod(self.mesh[a] for a in axes)
+        if n <= 1:
+            return 0.0
+        steps = (
+            2 * (n - 1) if kind == "all-reduce" else 1 if kind == "collective-permute" else n - 1
+        )
+        return steps * self.device.latency
 
     def cost(self, state: State, *, detail: bool = True) -> Cost:
         """The cost of `state`; `detail=False` skips the per-collective sources."""
@@ -366,23 +380,35 @@ class CostModel:
         colls: list[Collective] = []
         comm_bytes = 0
         reused: set[tuple] = set()
+        depth: dict[int, int] = {}  # value -> collectives on the longest chain before it
+        combined: set[tuple] = set()  # (kind, axes, depth, multiplicity) seen
         for op in self.program.ops:
             c = self.op_cost(op.index, state)
             m = op.multiplicity
             if c.flops or c.bytes:
                 compute += m * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
                 flops_total += m * c.flops
+            level = max((depth.get(v, 0) for v in op.inputs if v is not None), default=0)
+            counted = False
             for kind, axes, nbytes, reuse in c.collectives:
                 if reuse is not None:
                     if reuse in reused:
                         continue
                     reused.add(reuse)
                 t = m * self.collective_time(kind, axes, nbytes)
+                group = (kind, axes, level, m)
+                if group in combined:  # independent of the first of its group: XLA fuses them
+                    t -= m * self.collective_latency(kind, axes)
+                combined.add(group)
+                counted = True
                 comm += t
                 by_kind[kind] += t
                 comm_bytes += m * nbytes
                 if detail:
                     colls.append(Collective(kind, axes, int(nbytes), _source(op), m))
+            if counted or level:
+                for v in op.outputs:
+                    depth[v] = level + counted
         args, peak = self.memory(state)
         return Cost(
             step_time_s=compute + comm,
