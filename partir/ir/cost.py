@@ -165,6 +165,7 @@ class CostModel:
         self._shared: dict[tuple, OpCost] = {}  # by rule and sharding (see _shared_cost)
         self._init_liveness(donate)
         self.free = recomputable_values(self.program)
+        self._operands = [tuple(v for v in op.inputs if v is not None) for op in self.program.ops]
 
     # -- memory -----------------------------------------------------------------------
     def _init_liveness(self, donate: bool) -> None:
@@ -381,14 +382,16 @@ class CostModel:
         comm_bytes = 0
         reused: set[tuple] = set()
         depth: dict[int, int] = {}  # value -> collectives on the longest chain before it
+        depth_of = depth.get
         combined: set[tuple] = set()  # (kind, axes, depth, multiplicity) seen
-        for op in self.program.ops:
+        deepest = 0
+        for op, operands in zip(self.program.ops, self._operands):
             c = self.op_cost(op.index, state)
             m = op.multiplicity
             if c.flops or c.bytes:
                 compute += m * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
                 flops_total += m * c.flops
-            level = max((depth.get(v, 0) for v in op.inputs if v is not None), default=0)
+            level = max([depth_of(v, 0) for v in operands]) if deepest and operands else 0
             counted = False
             for kind, axes, nbytes, reuse in c.collectives:
                 if reuse is not None:
@@ -407,6 +410,7 @@ class CostModel:
                 if detail:
                     colls.append(Collective(kind, axes, int(nbytes), _source(op), m))
             if counted or level:
+                deepest = max(deepest, level + counted)
                 for v in op.outputs:
                     depth[v] = level + counted
         args, peak = self.memory(state)
