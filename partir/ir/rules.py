@@ -631,6 +631,7 @@ POINTWISE = [
     "neg",
     "nextafter",
     "not",
+    "one_minus_square",  # jax >= 0.11.2: 1 - x**2, tanh's derivative
     "or",
     "polygamma",
     "population_count",
