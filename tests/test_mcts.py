@@ -280,7 +280,8 @@ def test_seconds_budget():
     res = search(noisy(40), (), seconds=0.2, patience=None)
     wall = time.perf_counter() - t0
     assert res.stop_reason == "seconds"
-    assert 0.2 <= res.seconds < 0.6 and wall < 0.7
+    # stops within an episode or so of the budget; the slack is for a loaded 2-core machine
+    assert 0.2 <= res.seconds < 1.2 and wall < 1.3
     assert res.episodes > 0
 
 

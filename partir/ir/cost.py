@@ -392,8 +392,9 @@ class CostModel:
                 compute += m * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
                 flops_total += m * c.flops
             level = max([depth_of(v, 0) for v in operands]) if deepest and operands else 0
-            counted = False
+            after = False  # the op's results wait for a collective (its own or a reused one)
             for kind, axes, nbytes, reuse in c.collectives:
+                after = True
                 if reuse is not None:
                     if reuse in reused:
                         continue
@@ -403,16 +404,15 @@ class CostModel:
                 if group in combined:  # independent of the first of its group: XLA fuses them
                     t -= m * self.collective_latency(kind, axes)
                 combined.add(group)
-                counted = True
                 comm += t
                 by_kind[kind] += t
                 comm_bytes += m * nbytes
                 if detail:
                     colls.append(Collective(kind, axes, int(nbytes), _source(op), m))
-            if counted or level:
-                deepest = max(deepest, level + counted)
+            if after or level:
+                deepest = max(deepest, level + after)
                 for v in op.outputs:
-                    depth[v] = level + counted
+                    depth[v] = level + after
         args, peak = self.memory(state)
         return Cost(
             step_time_s=compute + comm,
