@@ -35,7 +35,9 @@ MESH = {"batch": 2, "model": 4}
 
 @functools.cache
 def example(name: str):
-    """The module of examples/ecosystem/<name>.py."""
+    """The module of examples/ecosystem/<name>.py (which may import its sibling _demo)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"eco_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses (linen modules) look their module up

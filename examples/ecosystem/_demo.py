@@ -10,6 +10,25 @@ import partir
 from partir import strategies as st
 
 
+def nest_paths(flat: dict[str, Any]) -> dict:
+    """{"dense/kernel": x} -> {"dense": {"kernel": x}}: a library's variable paths as a tree."""
+    out: dict = {}
+    for path, x in flat.items():
+        *outer, leaf = path.split("/")
+        node = out
+        for key in outer:
+            node = node.setdefault(key, {})
+        node[leaf] = x
+    return out
+
+
+def get_path(tree: dict, path: str) -> Any:
+    """The leaf of `nest_paths`'s tree at a slash-separated path."""
+    for key in path.split("/"):
+        tree = tree[key]
+    return tree
+
+
 def goal_for(train_step: Callable, args: tuple) -> partir.Goal:
     return partir.Goal(train_step, args, mesh={"batch": 2, "model": 4}, device="tpu-v4",
                        schedule=[st.batch("batch"), st.megatron("model")],

@@ -18,24 +18,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is imported
 import jax  # noqa: E402
 import keras  # noqa: E402
 import optax  # noqa: E402
-
-
-def _nest(flat: dict[str, jax.Array]) -> dict:
-    """{"dense/kernel": x} -> {"dense": {"kernel": x}}."""
-    out: dict = {}
-    for path, x in flat.items():
-        *outer, leaf = path.split("/")
-        node = out
-        for key in outer:
-            node = node.setdefault(key, {})
-        node[leaf] = x
-    return out
-
-
-def _get(tree: dict, path: str):
-    for key in path.split("/"):
-        tree = tree[key]
-    return tree
+from _demo import get_path, nest_paths  # noqa: E402  # the script's folder is on sys.path
 
 
 def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
@@ -58,7 +41,7 @@ def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
 
     def train_step(params, opt_state, batch):
         def loss_fn(p):
-            logits, _ = model.stateless_call([_get(p, n) for n in names], non_trainable,
+            logits, _ = model.stateless_call([get_path(p, n) for n in names], non_trainable,
                                              batch["x"], training=True)  # fmt: skip
             return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
 
@@ -66,7 +49,7 @@ def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": loss}
 
-    params = _nest({v.path: v.value for v in model.trainable_variables})
+    params = nest_paths({v.path: v.value for v in model.trainable_variables})
     k1, k2 = jax.random.split(jax.random.key(seed))
     data = {"x": jax.random.normal(k1, (batch, d_in)),
             "y": jax.random.randint(k2, (batch,), 0, classes)}  # fmt: skip

@@ -15,24 +15,8 @@ import dataclasses
 
 import jax
 import optax
+from _demo import get_path, nest_paths  # the script's folder is on sys.path
 from penzai import pz
-
-
-def _nest(flat: dict) -> dict:
-    out: dict = {}
-    for path, x in flat.items():
-        *outer, leaf = path.split("/")
-        node = out
-        for key in outer:
-            node = node.setdefault(key, {})
-        node[leaf] = x
-    return out
-
-
-def _get(tree: dict, path: str):
-    for key in path.split("/"):
-        tree = tree[key]
-    return tree
 
 
 def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
@@ -52,7 +36,7 @@ def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
 
     def bind(params):
         return pz.bind_variables(unbound, [
-            dataclasses.replace(v, value=pz.nx.wrap(_get(params, v.label)).tag(*axes[v.label]))
+            dataclasses.replace(v, value=pz.nx.wrap(get_path(params, v.label)).tag(*axes[v.label]))
             for v in values
         ])  # fmt: skip
 
@@ -66,7 +50,7 @@ def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": loss}
 
-    params = _nest({v.label: v.value.unwrap(*axes[v.label]) for v in values})
+    params = nest_paths({v.label: v.value.unwrap(*axes[v.label]) for v in values})
     data = {"x": jax.random.normal(keys[2], (batch, d_in)),
             "y": jax.random.randint(keys[3], (batch,), 0, classes)}  # fmt: skip
     return train_step, (params, tx.init(params), data)
