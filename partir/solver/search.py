@@ -362,38 +362,35 @@ def _solve(
 
 
 def _from_inputs(goal: Goal, plan: Plan) -> Plan | None:
-    """The plan that the input shardings alone give, propagated from scratch: the order
-    the search made its decisions in can leave values inside the program sharded worse."""
-    decisions = input_decisions(goal, plan.specs)
-    state = _propagate_afresh(goal, decisions)
-    if state is None:
+    """The plan that the input shardings alone give, propagated from scratch."""
+    fresh = _afresh(goal, plan.state)
+    if fresh is None:
         return None
+    state, decisions = fresh
     alt = Plan(goal, state, goal.cost_model.cost(state))
     alt.decisions = [decisions]
     return alt
 
 
-def _propagate_afresh(goal: Goal, decisions: list) -> State | None:
+def _afresh(goal: Goal, state: State) -> tuple[State, list] | None:
+    """`state`'s input shardings propagated from scratch, and the decisions that do it: the
+    order the search made its decisions in can leave values inside the program sharded
+    worse. None when the propagator rejects one of them."""
     prop = goal.propagator
-    state, rejected = prop.apply_all(prop.empty(), decisions)
-    return None if rejected else state
+    specs = {p: to_spec(prop.sharding(state, v)) for p, v in goal.program.inputs.items()}
+    decisions = input_decisions(goal, specs)
+    fresh, rejected = prop.apply_all(prop.empty(), decisions)
+    return None if rejected else (fresh, decisions)
 
 
 def _views_repropagate(views: list[View], scorer: Scorer) -> bool:
     """Whether the views' input shardings, propagated afresh, beat their searched states."""
-    finals, alts = [], []
-    for v in views:
-        final = v.finish(v.state)
-        specs = {
-            p: to_spec(v.prop.sharding(final, vid)) for p, vid in v.goal.program.inputs.items()
-        }
-        alt = _propagate_afresh(v.goal, input_decisions(v.goal, specs))
-        if alt is None:
-            return False
-        finals.append(final)
-        alts.append(alt)
-    a, b = scorer.cost(tuple(alts), finish=False), scorer.cost(tuple(finals), finish=False)
-    return _better(scorer.goal, scorer, a, b)
+    finals = [v.finish(v.state) for v in views]
+    alts = [_afresh(v.goal, final) for v, final in zip(views, finals)]
+    if any(alt is None for alt in alts):
+        return False
+    a = scorer.cost(tuple(state for state, _ in alts), finish=False)
+    return _better(scorer.goal, scorer, a, scorer.cost(tuple(finals), finish=False))
 
 
 def _better(goal: Goal, scorer: Scorer, a: Cost, b: Cost) -> bool:
