@@ -231,6 +231,11 @@ class CostModel:
             hit = self._memo[key] = self._shared_cost(op, tensors, key[1])
         return hit
 
+    def execution_shardings(self, i: int, state: State) -> dict[int, Sharding]:
+        """The shardings op `i`'s operands are resharded to before it runs, by value id;
+        operands it uses as they are sharded are absent."""
+        return {r[0]: r[2] for *_, r in self.op_cost(i, state).collectives if r is not None}
+
     def _shared_cost(self, op, tensors, shardings: tuple) -> OpCost:
         """Ops with one rule, dtypes and sharding (an op of each repeated layer) cost the
         same: computed once, its reuse keys rebound to this op's values."""

@@ -3,7 +3,8 @@ shardings as `with_sharding_constraint`s, so XLA follows the plan instead of gue
 
 The goal's jaxpr is replayed equation by equation; every equation's outputs are found in
 the traced `Program` by the equation's position (the same keys `trace` recorded) and
-constrained to the plan's sharding of that value. Loops are rebuilt with `lax.scan`,
+constrained to the plan's sharding of that value; an operand the plan reshards is
+constrained to the sharding the equation runs in, as the cost model priced it. Loops are rebuilt with `lax.scan`,
 `lax.while_loop` and `lax.switch` around replayed bodies, so their insides are
 constrained too.
 
@@ -61,11 +62,14 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
     in_shardings = jax.tree_util.tree_unflatten(prog.in_tree, in_flat)
     out_shardings = jax.tree_util.tree_unflatten(prog.out_tree, out_flat)
     value_spec: Callable[[int], PartitionSpec] = lambda v: to_spec(plan.value_sharding(v))  # noqa: E731
+    operand_specs = _operand_specs(plan) if constrain else None
 
     def fn(*args):
         flat = jax.tree_util.tree_leaves(args)
         closed = prog.jaxpr
-        replay = _Replay(prog.eqn_outputs, mesh, value_spec, constrain, goal.honour_constraints)
+        replay = _Replay(
+            prog.eqn_outputs, mesh, value_spec, constrain, goal.honour_constraints, operand_specs
+        )
         outs = replay.run(closed.jaxpr, closed.consts, flat, ())
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
@@ -78,9 +82,39 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
     )
 
 
+def _operand_specs(plan) -> Callable[[Any, tuple], dict[int, PartitionSpec]]:
+    """For an equation (and its key), the specs its resharded operands take before it runs,
+    by operand position: the execution sharding the cost model priced. Left to itself,
+    XLA's partitioner may reshard an operand another way (e.g. over an idle mesh axis, with
+    collective-permutes), and move more bytes than the plan says."""
+    goal = plan.goal
+    prog, model = goal.program, goal.cost_model
+    producer = {v: op.index for op in prog.ops for v in op.outputs}
+
+    def specs(eqn, key: tuple) -> dict[int, PartitionSpec]:
+        vids = prog.eqn_outputs.get(key)
+        i = producer.get(vids[0]) if vids else None
+        if i is None:
+            return {}
+        op = prog.ops[i]
+        if op.primitive != eqn.primitive.name or len(op.inputs) != len(eqn.invars):
+            return {}
+        wants = model.execution_shardings(i, plan.state)
+        return {k: to_spec(wants[v]) for k, v in enumerate(op.inputs) if v in wants}
+
+    return specs
+
+
+def _constrainable(x: Any) -> bool:
+    """Whether `x` takes a sharding constraint: an array of rank >= 1, not a PRNG key."""
+    return getattr(x, "ndim", 0) >= 1 and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)
+
+
 class _Replay:
     """Runs a jaxpr equation by equation, constraining outputs to the plan's shardings:
-    every equation's with `constrain_all`, else only the user's honoured constraints."""
+    every equation's with `constrain_all`, else only the user's honoured constraints.
+    `operand_specs` (see `_operand_specs`) also constrains operands that the plan
+    reshards, to the sharding the equation runs in."""
 
     def __init__(
         self,
@@ -89,8 +123,10 @@ class _Replay:
         value_spec: Callable[[int], PartitionSpec],
         constrain_all: bool = True,
         honour_constraints: bool = True,
+        operand_specs: Callable[[Any, tuple], dict[int, PartitionSpec]] | None = None,
     ) -> None:
         self.eqn_outputs = eqn_outputs
+        self.operand_specs = operand_specs
         self.mesh = mesh
         self.value_spec = value_spec
         self.constrain_all = constrain_all
@@ -105,9 +141,7 @@ class _Replay:
             return outs
         res = []
         for x, v in zip(outs, vids):
-            if getattr(x, "ndim", 0) >= 1 and not jax.dtypes.issubdtype(
-                x.dtype, jax.dtypes.extended
-            ):
+            if _constrainable(x):
                 x = jax.lax.with_sharding_constraint(
                     x, NamedSharding(self.mesh, self.value_spec(v))
                 )
@@ -184,5 +218,11 @@ class _Replay:
 
                 branches.append(run_branch)
             return list(jax.lax.switch(ins[0], branches, *ins[1:]))
+        if self.operand_specs is not None:
+            for k, spec in self.operand_specs(eqn, key).items():
+                if _constrainable(ins[k]):
+                    ins[k] = jax.lax.with_sharding_constraint(
+                        ins[k], NamedSharding(self.mesh, spec)
+                    )
         out = eqn.primitive.bind(*ins, **p)
         return list(out) if eqn.primitive.multiple_results else [out]
