@@ -57,6 +57,9 @@ MESH_3D = {"data": 4, "fsdp": 4, "tensor": 4}
 
 # Scaling: gpt of this width at these depths, on the small 2-D mesh, natural schedule.
 SCALING_LAYERS = (12, 24, 48, 96)
+# tiny models also searched for the fewest collective bytes (objective "comm") on 2x4: the
+# natural schedule's time-optimal plan trades bytes for fewer collectives there
+COMM_MODELS = ("mlp", "gpt")
 SCALING_SIZE = {"d_model": 128, "heads": 4, "seq": 64, "batch": 16, "vocab": 512}
 
 
@@ -74,6 +77,7 @@ class Case:
     overrides: tuple[tuple[str, Any], ...] = ()
     prune: str | None = "cpsat"
     memory_limit: int | str = MEMORY_LIMIT
+    objective: str = "time"  # the goal's objective: "time", "memory" or "comm"
 
     @property
     def mesh_dict(self) -> dict[str, int]:
@@ -89,7 +93,12 @@ class Case:
 
     @property
     def label(self) -> str:
-        return f"{self.model} {self.size} {self.mesh_str} {self.schedule}"
+        schedule = _schedule_str(self.schedule, self.objective)
+        return f"{self.model} {self.size} {self.mesh_str} {schedule}"
+
+
+def _schedule_str(schedule: str, objective: str) -> str:
+    return schedule if objective == "time" else f"{schedule}, {objective}"
 
 
 def case(
@@ -98,11 +107,15 @@ def case(
     mesh: dict[str, int],
     schedule: str = "natural",
     prune: str | None = "cpsat",
+    objective: str = "time",
     **overrides: Any,
 ) -> Case:
     if size != "tiny" and not overrides and model in REALISTIC and REALISTIC[model][0] == size:
         overrides = dict(REALISTIC[model][1])
-    return Case(model, size, tuple(mesh.items()), schedule, tuple(sorted(overrides.items())), prune)
+    return Case(
+        model, size, tuple(mesh.items()), schedule, tuple(sorted(overrides.items())), prune,
+        objective=objective,
+    )  # fmt: skip
 
 
 def realistic(model: str, mesh: dict[str, int], schedule: str = "natural") -> Case:
@@ -111,14 +124,15 @@ def realistic(model: str, mesh: dict[str, int], schedule: str = "natural") -> Ca
 
 
 def full_cases() -> list[Case]:
-    """Tiny models on the meshes XLA can compile here (<= 8 devices), natural and auto;
-    realistic sizes on 8x8 (natural and auto), 16x16 and 4x4x4 (natural only: auto on
+    """Tiny models on the meshes XLA can compile here (<= 8 devices), natural and auto (and
+    mlp, gpt on 2x4 with the comm objective); realistic sizes on 8x8 (natural and auto), 16x16 and 4x4x4 (natural only: auto on
     them would double the suite's time)."""
     out = []
     for model in MODELS:
         for mesh in (MESH_1D, MESH_2D_SMALL, MESH_3D_SMALL):
             out += [case(model, "tiny", mesh, s) for s in ("natural", "auto")]
     # gpt between the two: its `small` preset (12 layers, d_model 256), compiled on 2x4
+    out += [case(model, "tiny", MESH_2D_SMALL, objective="comm") for model in COMM_MODELS]
     out += [
         case("gpt", "small", m, s) for m in (MESH_2D_SMALL, MESH_2D) for s in ("natural", "auto")
     ]
@@ -132,6 +146,7 @@ def quick_cases() -> list[Case]:
     out = []
     for model in MODELS:
         out += [case(model, "tiny", MESH_2D_SMALL, s) for s in ("natural", "auto")]
+    out += [case(model, "tiny", MESH_2D_SMALL, objective="comm") for model in COMM_MODELS]
     out.append(realistic("gpt", MESH_2D))
     return out
 
@@ -208,6 +223,7 @@ class _Programs:
             device=DEVICE,
             memory_limit=c.memory_limit,
             schedule=list(schedule),
+            objective=c.objective,
             search=partir.Search(prune=prune),
         )
         if key not in self.programs:
@@ -407,6 +423,7 @@ def run_case(
         "mesh": c.mesh_dict,
         "devices": c.devices,
         "schedule": c.schedule,
+        "objective": c.objective,
         "strategies": schedule_text(schedule),
     }
     t0 = time.perf_counter()
@@ -777,14 +794,14 @@ def _x(r: float | None, digits: int = 2) -> str:
 def _case_row(r: dict) -> list[str]:
     e, s, x = r.get("expert"), r.get("searched"), r.get("xla") or {}
     if "error" in r:
-        return [r["model"], r["size"], _mesh_str(r["mesh"]), r["schedule"],
+        return [r["model"], r["size"], _mesh_str(r["mesh"]), _case_schedule(r),
                 "error: " + r["error"][:60], *["-"] * 12]  # fmt: skip
     mark = lambda c: "" if c is None or c["fits"] else " *"  # noqa: E731
     return [
         r["model"],
         r["size"],
         _mesh_str(r["mesh"]),
-        r["schedule"],
+        _case_schedule(r),
         e["name"] if e else "-",
         _secs(e["step_time_s"]) if e else "-",
         _secs(s["step_time_s"]),
@@ -803,6 +820,10 @@ def _case_row(r: dict) -> list[str]:
         _x(x.get("same_schedule_collective_ratio")),
         _x(x.get("same_schedule_priced_comm_ratio")),
     ]
+
+
+def _case_schedule(r: dict) -> str:
+    return _schedule_str(r["schedule"], r.get("objective", "time"))
 
 
 def _pair(x: dict, key: str) -> str:
@@ -827,8 +848,8 @@ CASE_CAPTION = (
     "peak_memory_in_bytes counts arguments and outputs only); XLA coll s / same = searched "
     "over same-schedule expert compiled collective bytes; XLA comm time s / same (est.) = "
     "the same two plans' compiled collectives priced by the cost model's alpha-beta terms "
-    "(an estimate: XLA combines independent collectives, which the cost model does not, so "
-    "latency-bound plans can differ)."
+    "(an estimate). Schedule `natural, comm`: the goal's objective is `comm` (fewest "
+    "collective bytes) instead of step time."
 )
 
 
