@@ -11,6 +11,7 @@ from typing import Any
 from partir.ir.constraints import constraint_decisions
 from partir.ir.cost import CostModel
 from partir.ir.devices import Device, get_device
+from partir.ir.heap import paused_gc
 from partir.ir.program import Program, trace
 from partir.ir.propagate import Propagator
 
@@ -96,18 +97,22 @@ class Goal:
 
     @functools.cached_property
     def program(self) -> Program:
-        return trace(self.fn, self.args)
+        with paused_gc():
+            return trace(self.fn, self.args)
 
     @functools.cached_property
     def propagator(self) -> Propagator:
         seed = constraint_decisions(self.program, self.mesh) if self.honour_constraints else []
-        return Propagator(self.program, self.mesh, seed)
+        with paused_gc():
+            return Propagator(self.program, self.mesh, seed)
 
     @functools.cached_property
     def cost_model(self) -> CostModel:
-        return CostModel(
-            self.propagator, self.device, memory_limit=self.memory_limit, donate=self.donate
-        )
+        propagator = self.propagator
+        with paused_gc():
+            return CostModel(
+                propagator, self.device, memory_limit=self.memory_limit, donate=self.donate
+            )
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", repr(self.fn))

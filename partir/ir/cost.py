@@ -161,8 +161,9 @@ class CostModel:
         self.device = device
         self.memory_limit = memory_limit
         self.bandwidth = device.axis_bandwidths(self.mesh)
-        self._memo: dict[tuple, OpCost] = {}
-        self._shared: dict[tuple, OpCost] = {}  # by rule and sharding (see _shared_cost)
+        self._kinds: list[tuple | None] = [None] * len(self.program.ops)  # see op_cost
+        self._templates: dict[tuple, OpCost] = {}  # (op kind, shardings) -> its cost
+        self._ways: dict[Sharding, int] = {}  # see _ways_of
         self._init_liveness(donate)
         self.free = recomputable_values(self.program)
         self._operands = [tuple(v for v in op.inputs if v is not None) for op in self.program.ops]
@@ -199,9 +200,20 @@ class CostModel:
 
     def local_bytes(self, state: State) -> np.ndarray:
         lb = self.global_bytes.copy()
-        for v, s in state.shardings.items():
-            lb[v] /= math.prod(self.prop.size(axes) for axes in s)
+        if state.shardings:
+            ways = self._ways
+            vids = np.fromiter(state.shardings, dtype=np.int64, count=len(state.shardings))
+            lb[vids] /= np.fromiter(
+                (ways.get(s) or self._ways_of(s) for s in state.shardings.values()),
+                dtype=np.float64,
+                count=len(vids),
+            )
         return lb
+
+    def _ways_of(self, s: Sharding) -> int:
+        """How many pieces sharding `s` cuts a value into (memoised)."""
+        n = self._ways[s] = math.prod(self.prop.size(axes) for axes in s)
+        return n
 
     def memory(self, state: State) -> tuple[int, int]:
         """(argument bytes, peak live bytes) per device."""
@@ -223,38 +235,37 @@ class CostModel:
         return c if len(kept) == len(c.collectives) else OpCost(c.flops, c.bytes, tuple(kept))
 
     def op_cost(self, i: int, state: State) -> OpCost:
-        op = self.program.ops[i]
-        tensors = self.prop.tensors[i]
-        key = (i, tuple(state.shardings.get(v) for v, _ in tensors))
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._memo[key] = self._shared_cost(op, tensors, key[1])
-        return hit
+        """How op `i` runs in `state`. Ops of one kind (rule, dtypes, which tensors are one
+        value and which are free; an op of each repeated layer) with the same shardings
+        cost the same: computed once, its reuse keys rebound to op `i`'s values."""
+        vids = self.prop.vids[i]
+        kind = self._kinds[i]
+        if kind is None:
+            kind = self._kinds[i] = self._kind(i)
+        key = (kind, tuple(map(state.shardings.get, vids)))
+        template = self._templates.get(key)
+        if template is None:
+            op = self.program.ops[i]
+            full = [s or ((),) * len(self.prop.shapes[v]) for v, s in zip(vids, key[1])]
+            c = self._drop_trivial(self._op_cost(op, full))
+            template = self._templates[key] = OpCost(c.flops, c.bytes, tuple(
+                (k, axes, n, None if r is None else (vids.index(r[0]),) + r[1:])
+                for k, axes, n, r in c.collectives))  # fmt: skip
+        if not _moves_operands(template):
+            return template
+        return OpCost(template.flops, template.bytes, tuple(
+            (k, axes, n, None if r is None else (vids[r[0]],) + r[1:])
+            for k, axes, n, r in template.collectives))  # fmt: skip
+
+    def _kind(self, i: int) -> tuple:
+        op, vids, values = self.program.ops[i], self.prop.vids[i], self.program.values
+        return (self.prop.kinds[i], op.primitive,
+                tuple((v in self.free, values[v].itemsize) for v in vids))  # fmt: skip
 
     def execution_shardings(self, i: int, state: State) -> dict[int, Sharding]:
         """The shardings op `i`'s operands are resharded to before it runs, by value id;
         operands it uses as they are sharded are absent."""
         return {r[0]: r[2] for *_, r in self.op_cost(i, state).collectives if r is not None}
-
-    def _shared_cost(self, op, tensors, shardings: tuple) -> OpCost:
-        """Ops with one rule, dtypes and sharding (an op of each repeated layer) cost the
-        same: computed once, its reuse keys rebound to this op's values."""
-        vids = [v for v, _ in tensors]
-        values = self.program.values
-        sig = (id(op.rule), op.primitive, shardings, tuple(vids.index(v) for v in vids),
-               tuple((v in self.free, values[v].itemsize) for v in vids))  # fmt: skip
-        template = self._shared.get(sig) if op.primitive != "_link" else None
-        if template is None:
-            full = [s or ((),) * len(self.prop.shapes[v]) for v, s in zip(vids, shardings)]
-            c = self._drop_trivial(self._op_cost(op, full))
-            if op.primitive == "_link":
-                return c
-            template = self._shared[sig] = OpCost(c.flops, c.bytes, tuple(
-                (kind, axes, n, None if r is None else (vids.index(r[0]),) + r[1:])
-                for kind, axes, n, r in c.collectives))  # fmt: skip
-        return OpCost(template.flops, template.bytes, tuple(
-            (kind, axes, n, None if r is None else (vids[r[0]],) + r[1:])
-            for kind, axes, n, r in template.collectives))  # fmt: skip
 
     def _op_cost(self, op, shardings: list[Sharding]) -> OpCost:
         """How the op runs, chosen as XLA's SPMD partitioner does (checked against it on

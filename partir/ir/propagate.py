@@ -91,7 +91,10 @@ def attach_rules(program: Program) -> None:
             continue
         if op.primitive == "_link":
             src, dst = op.inputs
-            op.rule = link_rule(vals[src].shape, vals[dst].shape, op.params["offset"])
+            key = ("_link", vals[src].shape, vals[dst].shape, op.params["offset"])
+            if key not in same:
+                same[key] = link_rule(*key[1:])
+            op.rule = same[key]
             continue
         ins = [None if v is None else vals[v].shape for v in op.inputs]
         outs = [vals[v].shape for v in op.outputs]
@@ -131,24 +134,25 @@ class Propagator:
         self.seed = list(seed)
         self._empty: dict[frozenset[int], State] = {}
         self.shapes = [v.shape for v in program.values]
-        # per op: [(value id, per-dim factors)], the factor sizes and whether they propagate
+        # per op: [(value id, per-dim factors)], its value ids, and what its propagation
+        # depends on besides their shardings: the rule and which tensors are one value
         self.tensors: list[list[tuple[int, tuple[tuple[int, ...], ...]]]] = []
-        self.sizes: list[tuple[int, ...]] = []
-        self.moves: list[tuple[bool, ...]] = []
-        for op in program.ops:
+        self.vids: list[tuple[int, ...]] = []
+        self.kinds: list[tuple] = []
+        self.ops_of: list[list[int]] = [[] for _ in program.values]
+        for i, op in enumerate(program.ops):
             rule: Rule = op.rule
             ts = [(v, f) for v, f in zip(op.inputs, rule.operands) if v is not None]
             ts += list(zip(op.outputs, rule.results))
+            vids = tuple(v for v, _ in ts)
             self.tensors.append(ts)
-            self.sizes.append(rule.sizes)
-            self.moves.append(tuple(k in (Kind.PASS, Kind.REDUCTION) for k in rule.kinds))
-        self._memo: dict[frozenset, dict] = {}
-        self._shared: dict[tuple, tuple] = {}  # by rule and sharding (see _shared_updates)
-        self.ops_of: list[list[int]] = [[] for _ in program.values]
-        for i, ts in enumerate(self.tensors):
-            for v, _ in ts:
-                if i not in self.ops_of[v]:
-                    self.ops_of[v].append(i)
+            self.vids.append(vids)
+            self.kinds.append((id(rule), tuple(vids.index(v) for v in vids)))
+            for v in dict.fromkeys(vids):
+                self.ops_of[v].append(i)
+        self._moves: dict[int, tuple[bool, ...]] = {}  # by id(rule)
+        # (op kind, shardings, frozen tensors) -> updates by tensor position (see _updates)
+        self._templates: dict[tuple, tuple] = {}
 
     # -- states ---------------------------------------------------------------------
     def empty(self, frozen: Iterable[int] = ()) -> State:
@@ -248,35 +252,21 @@ class Propagator:
                         pending.append(j)
         return key
 
-    def _propagate_op(self, i: int, shardings, frozen):
+    def _propagate_op(self, i: int, shardings, frozen) -> tuple:
         """The (value, old, new) updates op `i` makes, applied to `shardings`. They depend
-        only on the shardings of the op's tensors, so they are memoised on those."""
-        tensors = self.tensors[i]
-        memo = self._memo.get(frozen)
-        if memo is None:
-            memo = self._memo[frozen] = {}
-        key = (i, tuple(shardings.get(v) for v, _ in tensors))
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = self._shared_updates(i, shardings, frozen, key[1])
-        else:
-            for v, _, new in hit:
-                shardings[v] = new
-        return hit
-
-    def _shared_updates(self, i: int, shardings, frozen, current: tuple) -> tuple:
-        """Ops with one rule and the same shardings (an op of each repeated layer) update
-        alike: computed once, by tensor position, and rebound to op `i`'s values."""
-        vids = [v for v, _ in self.tensors[i]]
-        rule = self.program.ops[i].rule
-        sig = (id(rule), current, tuple(vids.index(v) for v in vids),
-               tuple(v in frozen for v in vids))  # fmt: skip
-        template = self._shared.get(sig)
+        only on the op's kind and its tensors' shardings, so ops of one kind (an op of each
+        repeated layer) share them: computed once, by tensor position, rebound to op `i`."""
+        vids = self.vids[i]
+        current = tuple(map(shardings.get, vids))
+        held = tuple(v in frozen for v in vids) if frozen else None
+        key = (self.kinds[i], current, held)
+        template = self._templates.get(key)
         if template is None:
             updates = tuple(self._propagate_op_uncached(i, shardings, frozen))
-            if self.program.ops[i].primitive != "_link":
-                self._shared[sig] = tuple((vids.index(v), old, new) for v, old, new in updates)
+            self._templates[key] = tuple((vids.index(v), old, new) for v, old, new in updates)
             return updates
+        if not template:
+            return template
         updates = tuple((vids[t], old, new) for t, old, new in template)
         for v, _, new in updates:
             shardings[v] = new
@@ -284,8 +274,13 @@ class Propagator:
 
     def _propagate_op_uncached(self, i: int, shardings, frozen):
         tensors = self.tensors[i]
-        sizes = self.sizes[i]
-        moves = self.moves[i]
+        rule = self.program.ops[i].rule
+        sizes = rule.sizes
+        moves = self._moves.get(id(rule))
+        if moves is None:
+            moves = self._moves[id(rule)] = tuple(
+                k in (Kind.PASS, Kind.REDUCTION) for k in rule.kinds
+            )
         mesh = self.mesh
         factor_axes: dict[int, Axes] = {}
         conflicts: set[int] = set()

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec
 
 from partir.goal import Goal
 from partir.ir.cost import Cost
+from partir.ir.heap import paused_gc
 from partir.ir.propagate import Decision, Sharding, State
 from partir.ir.specs import (
     PlanError,
@@ -346,14 +347,16 @@ def make_plan(goal: Goal, specs: Specs, *, strict: bool = True) -> Plan:
     decisions = []
     for k, stage in enumerate(stages):
         decisions += input_decisions(goal, stage, priority=2 * k, strict=strict)
-    state, rejected = prop.apply_all(prop.empty(frozen=prog.inputs.values()), decisions)
+    with paused_gc():
+        state, rejected = prop.apply_all(prop.empty(frozen=prog.inputs.values()), decisions)
     if rejected:
         d = rejected[0]
         raise PlanError(
             f"{prog.input_paths[d.value]}: cannot tile dim {d.dim} on {d.axis!r} "
             f"(the axis is already used on this input, or the dim size does not divide)"
         )
-    return Plan(goal, state, goal.cost_model.cost(state))
+    with paused_gc():
+        return Plan(goal, state, goal.cost_model.cost(state))
 
 
 def evaluate(goal: Goal, specs: Mapping[str, Any]) -> Cost:

@@ -20,6 +20,7 @@ from typing import Any
 
 from partir.goal import Goal
 from partir.ir.cost import Cost
+from partir.ir.heap import paused_gc
 from partir.ir.propagate import State
 from partir.ir.specs import PlanError, to_spec
 from partir.solver import mcts
@@ -192,13 +193,14 @@ def solve(
 ) -> Plan:
     """Search the goal's schedule for a plan; the best so far on budget end or Ctrl-C."""
     t0 = time.perf_counter()
-    proxy, why = make_proxy(goal) if goal.search.proxy else (None, "switched off")
-    if proxy is not None:
-        try:
-            return _solve(goal, proxy, why, t0, progress, baselines)
-        except _ProxyMismatch as e:
-            proxy, why = None, str(e)
-    return _solve(goal, None, why, t0, progress, baselines)
+    with paused_gc():
+        proxy, why = make_proxy(goal) if goal.search.proxy else (None, "switched off")
+        if proxy is not None:
+            try:
+                return _solve(goal, proxy, why, t0, progress, baselines)
+            except _ProxyMismatch as e:
+                proxy, why = None, str(e)
+        return _solve(goal, None, why, t0, progress, baselines)
 
 
 def _solve(
