@@ -164,26 +164,32 @@ class CostModel:
         self._kinds: list[tuple | None] = [None] * len(self.program.ops)  # see op_cost
         self._templates: dict[tuple, OpCost] = {}  # (op kind, shardings) -> its cost
         self._ways: dict[Sharding, int] = {}  # see _ways_of
+        self._value_kinds: list[int] | None = None  # see _kind
         self._init_liveness(donate)
         self.free = recomputable_values(self.program)
         self._operands = [tuple(v for v in op.inputs if v is not None) for op in self.program.ops]
 
     # -- memory -----------------------------------------------------------------------
     def _init_liveness(self, donate: bool) -> None:
+        """Each value lives from the op that makes it (inputs: from the start; values only
+        read: from their first reader) to its last reader (outputs and kept inputs: the
+        end)."""
         prog = self.program
         n = len(prog.values)
         end = len(prog.ops)
-        birth = np.full(n, -1, dtype=np.int64)
+        read_v = np.fromiter((v for op in prog.ops for v in op.inputs if v is not None), np.int64)
+        read_at = np.fromiter(
+            (op.index for op in prog.ops for v in op.inputs if v is not None), np.int64
+        )
+        made_v = np.fromiter((v for op in prog.ops for v in op.outputs), np.int64)
+        made_at = np.fromiter((op.index for op in prog.ops for _ in op.outputs), np.int64)
+        birth = np.full(n, end + 1, dtype=np.int64)
+        np.minimum.at(birth, read_v, read_at)
+        birth[made_v] = made_at
+        birth[birth > end] = -1
         death = np.full(n, -1, dtype=np.int64)
-        for op in prog.ops:
-            for v in op.inputs:
-                if v is not None:
-                    if birth[v] < 0 and v not in prog.input_paths:
-                        birth[v] = op.index
-                    death[v] = max(death[v], op.index)
-            for v in op.outputs:
-                birth[v] = op.index
-                death[v] = max(death[v], op.index)
+        np.maximum.at(death, read_v, read_at)
+        np.maximum.at(death, made_v, made_at)
         donated = set(prog.carried.values()) if donate else set()
         self.is_input = np.zeros(n, dtype=bool)
         for path, v in prog.inputs.items():
@@ -251,16 +257,20 @@ class CostModel:
             template = self._templates[key] = OpCost(c.flops, c.bytes, tuple(
                 (k, axes, n, None if r is None else (vids.index(r[0]),) + r[1:])
                 for k, axes, n, r in c.collectives))  # fmt: skip
-        if not _moves_operands(template):
+        if not template.collectives or not _moves_operands(template):
             return template
         return OpCost(template.flops, template.bytes, tuple(
             (k, axes, n, None if r is None else (vids[r[0]],) + r[1:])
             for k, axes, n, r in template.collectives))  # fmt: skip
 
     def _kind(self, i: int) -> tuple:
-        op, vids, values = self.program.ops[i], self.prop.vids[i], self.program.values
-        return (self.prop.kinds[i], op.primitive,
-                tuple((v in self.free, values[v].itemsize) for v in vids))  # fmt: skip
+        if self._value_kinds is None:  # per value: its item size, negative if free
+            values = self.program.values
+            self._value_kinds = [-v.itemsize if k in self.free else v.itemsize
+                                 for k, v in enumerate(values)]  # fmt: skip
+        vk = self._value_kinds.__getitem__
+        return (self.prop.kinds[i], self.program.ops[i].primitive,
+                tuple(map(vk, self.prop.vids[i])))  # fmt: skip
 
     def execution_shardings(self, i: int, state: State) -> dict[int, Sharding]:
         """The shardings op `i`'s operands are resharded to before it runs, by value id;

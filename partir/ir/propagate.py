@@ -147,8 +147,9 @@ class Propagator:
             vids = tuple(v for v, _ in ts)
             self.tensors.append(ts)
             self.vids.append(vids)
-            self.kinds.append((id(rule), tuple(vids.index(v) for v in vids)))
-            for v in dict.fromkeys(vids):
+            distinct = len(set(vids)) == len(vids)  # else which tensors are one value
+            self.kinds.append((id(rule), None if distinct else tuple(map(vids.index, vids))))
+            for v in vids if distinct else dict.fromkeys(vids):
                 self.ops_of[v].append(i)
         self._moves: dict[int, tuple[bool, ...]] = {}  # by id(rule)
         # (op kind, shardings, frozen tensors) -> updates by tensor position (see _updates)
