@@ -108,10 +108,9 @@ class Goal:
 
     @functools.cached_property
     def cost_model(self) -> CostModel:
-        propagator = self.propagator
         with paused_gc():
             return CostModel(
-                propagator, self.device, memory_limit=self.memory_limit, donate=self.donate
+                self.propagator, self.device, memory_limit=self.memory_limit, donate=self.donate
             )
 
     def __repr__(self) -> str:

@@ -161,12 +161,11 @@ class CostModel:
         self.device = device
         self.memory_limit = memory_limit
         self.bandwidth = device.axis_bandwidths(self.mesh)
-        self._kinds: list[tuple | None] = [None] * len(self.program.ops)  # see op_cost
         self._templates: dict[tuple, OpCost] = {}  # (op kind, shardings) -> its cost
         self._ways: dict[Sharding, int] = {}  # see _ways_of
-        self._value_kinds: list[int] | None = None  # see _kind
         self._init_liveness(donate)
         self.free = recomputable_values(self.program)
+        self._kinds = self._op_kinds()  # see op_cost
         self._operands = [tuple(v for v in op.inputs if v is not None) for op in self.program.ops]
 
     # -- memory -----------------------------------------------------------------------
@@ -245,10 +244,7 @@ class CostModel:
         value and which are free; an op of each repeated layer) with the same shardings
         cost the same: computed once, its reuse keys rebound to op `i`'s values."""
         vids = self.prop.vids[i]
-        kind = self._kinds[i]
-        if kind is None:
-            kind = self._kinds[i] = self._kind(i)
-        key = (kind, tuple(map(state.shardings.get, vids)))
+        key = (self._kinds[i], tuple(map(state.shardings.get, vids)))
         template = self._templates.get(key)
         if template is None:
             op = self.program.ops[i]
@@ -263,14 +259,14 @@ class CostModel:
             (k, axes, n, None if r is None else (vids[r[0]],) + r[1:])
             for k, axes, n, r in template.collectives))  # fmt: skip
 
-    def _kind(self, i: int) -> tuple:
-        if self._value_kinds is None:  # per value: its item size, negative if free
-            values = self.program.values
-            self._value_kinds = [-v.itemsize if k in self.free else v.itemsize
-                                 for k, v in enumerate(values)]  # fmt: skip
-        vk = self._value_kinds.__getitem__
-        return (self.prop.kinds[i], self.program.ops[i].primitive,
-                tuple(map(vk, self.prop.vids[i])))  # fmt: skip
+    def _op_kinds(self) -> list[tuple]:
+        """Per op, what its cost depends on besides the shardings: its propagation kind,
+        primitive, and per tensor the item size (negative for a free value)."""
+        sizes = [-v.itemsize if k in self.free else v.itemsize
+                 for k, v in enumerate(self.program.values)]  # fmt: skip
+        size = sizes.__getitem__
+        return [(kind, op.primitive, tuple(map(size, vids)))
+                for op, kind, vids in zip(self.program.ops, self.prop.kinds, self.prop.vids)]  # fmt: skip
 
     def execution_shardings(self, i: int, state: State) -> dict[int, Sharding]:
         """The shardings op `i`'s operands are resharded to before it runs, by value id;

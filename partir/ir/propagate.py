@@ -151,7 +151,6 @@ class Propagator:
             self.kinds.append((id(rule), None if distinct else tuple(map(vids.index, vids))))
             for v in vids if distinct else dict.fromkeys(vids):
                 self.ops_of[v].append(i)
-        self._moves: dict[int, tuple[bool, ...]] = {}  # by id(rule)
         # (op kind, shardings, frozen tensors) -> updates by tensor position (see _updates)
         self._templates: dict[tuple, tuple] = {}
 
@@ -277,11 +276,7 @@ class Propagator:
         tensors = self.tensors[i]
         rule = self.program.ops[i].rule
         sizes = rule.sizes
-        moves = self._moves.get(id(rule))
-        if moves is None:
-            moves = self._moves[id(rule)] = tuple(
-                k in (Kind.PASS, Kind.REDUCTION) for k in rule.kinds
-            )
+        moves = tuple(k in (Kind.PASS, Kind.REDUCTION) for k in rule.kinds)
         mesh = self.mesh
         factor_axes: dict[int, Axes] = {}
         conflicts: set[int] = set()

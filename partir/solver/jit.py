@@ -4,9 +4,9 @@ shardings as `with_sharding_constraint`s, so XLA follows the plan instead of gue
 The goal's jaxpr is replayed equation by equation; every equation's outputs are found in
 the traced `Program` by the equation's position (the same keys `trace` recorded) and
 constrained to the plan's sharding of that value; an operand the plan reshards is
-constrained to the sharding the equation runs in, as the cost model priced it. Loops are rebuilt with `lax.scan`,
-`lax.while_loop` and `lax.switch` around replayed bodies, so their insides are
-constrained too.
+constrained to the sharding the equation runs in, as the cost model priced it. Loops are
+rebuilt with `lax.scan`, `lax.while_loop` and `lax.switch` around replayed bodies, so
+their insides are constrained too.
 
 The user's own sharding constraints (`sharding_constraint`, `reshard`) are not replayed:
 they name the user's mesh, not partir's. partir's sharding of the constrained value takes
@@ -89,11 +89,10 @@ def _operand_specs(plan) -> Callable[[Any, tuple], dict[int, PartitionSpec]]:
     collective-permutes), and move more bytes than the plan says."""
     goal = plan.goal
     prog, model = goal.program, goal.cost_model
-    producer = {v: op.index for op in prog.ops for v in op.outputs}
 
     def specs(eqn, key: tuple) -> dict[int, PartitionSpec]:
         vids = prog.eqn_outputs.get(key)
-        i = producer.get(vids[0]) if vids else None
+        i = prog.producer[vids[0]] if vids else None
         if i is None:
             return {}
         op = prog.ops[i]
