@@ -23,8 +23,11 @@ def test_bench_runs_in_tiny_form(tmp_path):
     assert r["xla"]["expert"]["argument_bytes"] > 0
 
     rows = result["scaling"]["rows"]
-    assert [row["layers"] for row in rows] == [1, 2]
-    assert rows[0]["time_ratio"] == 1.0 and rows[1]["ops"] > rows[0]["ops"]
+    assert [(row["layers"], row["scan"]) for row in rows] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    listed, scanned = rows[:2], rows[2:]
+    assert listed[0]["time_ratio"] == 1.0 and listed[1]["ops"] > listed[0]["ops"]
+    assert scanned[0]["time_ratio"] == 1.0 and scanned[1]["ops"] == scanned[0]["ops"]
+    assert all(0 <= row["full_program_seconds"] <= row["seconds"] for row in rows)
 
     f = result["fidelity"]
     assert f["argument_memory"]["plans"] >= 1 and f["argument_memory"]["geomean"] == 1.0

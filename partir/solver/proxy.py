@@ -38,9 +38,7 @@ class Proxy:
 
 def _signature(x: Any) -> Any:
     leaves, tree = jax.tree_util.tree_flatten(x)
-    return tree, tuple(
-        (getattr(v, "shape", None), str(getattr(v, "dtype", type(v)))) for v in leaves
-    )
+    return tree, tuple((getattr(v, "shape", None), getattr(v, "dtype", type(v))) for v in leaves)
 
 
 def _is_stack(x: Any) -> bool:

@@ -176,6 +176,20 @@ class AxisRecord:
     curve: list[tuple[int, float, float]]
 
 
+class Stopwatch:
+    """Accumulates the seconds spent inside its `with` blocks."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __enter__(self) -> Stopwatch:
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds += time.perf_counter() - self._t0
+
+
 class _ProxyMismatch(Exception):
     """The shallow copies offer other actions than the full program: search it whole."""
 
@@ -213,14 +227,18 @@ def _solve(
 ) -> Plan:
     from partir.strategies.experts import expert_plans
 
-    prog, prop, search = goal.program, goal.propagator, goal.search
-    full = View(goal, find_groups(goal), prop.empty())
+    on_full = Stopwatch()  # work on the full program while the views are searched
+    with on_full:
+        prog, prop, search = goal.program, goal.propagator, goal.search
+        full = View(goal, find_groups(goal), prop.empty())
+        _ = goal.cost_model  # built here, timed with the rest of the full-program work
     views = [full]
     if proxy is not None:
         views = [View(g, find_groups(g), g.propagator.empty()) for g in proxy.shallow]
     calls: list[list] = []  # every apply_all call on the way, so a plan file can replay it
     calls.append(manual_decisions(goal))
-    full.state, rejected = prop.apply_all(full.state, calls[-1])
+    with on_full:
+        full.state, rejected = prop.apply_all(full.state, calls[-1])
     if rejected:
         d = rejected[0]
         raise PlanError(
@@ -237,10 +255,11 @@ def _solve(
     per_axis_episodes = max(1, search.episodes // max(len(axes), 1)) if search.episodes else None
     for k, axis in enumerate(axes):
         priority = 10 * (k + 1)
-        problem = compile_axis(goal, axis, full.state, full.groups, priority)
-        full.deferred += problem.deferred
-        calls.append(problem.required)
-        full.state = prop.apply_all(full.state, problem.required)[0]
+        with on_full:
+            problem = compile_axis(goal, axis, full.state, full.groups, priority)
+            full.deferred += problem.deferred
+            calls.append(problem.required)
+            full.state = prop.apply_all(full.state, problem.required)[0]
         before = len(problem.actions)
         if proxy is not None:
             for v in views:
@@ -314,7 +333,8 @@ def _solve(
         else:
             for i in best.applied:  # one call each, as the search applied them
                 calls.append(actions[i].decisions(axis, priority + 9))
-                full.state = prop.apply_all(full.state, calls[-1])[0]
+                with on_full:
+                    full.state = prop.apply_all(full.state, calls[-1])[0]
             for v, s in zip(views, best.state):
                 v.state = s
         records.append(
@@ -332,12 +352,17 @@ def _solve(
         )
         if result.stop_reason == "interrupted":
             break
-    calls.append(zero_decisions(goal, full.state, full.groups, full.deferred))
-    state = prop.apply_all(full.state, calls[-1])[0]
-    plan = Plan(goal, state, goal.cost_model.cost(state))
+    with on_full:
+        calls.append(zero_decisions(goal, full.state, full.groups, full.deferred))
+        state = prop.apply_all(full.state, calls[-1])[0]
+        plan = Plan(goal, state, goal.cost_model.cost(state))
     plan.decisions = [c for c in calls if c]
     # the views tell cheaply whether propagating the input shardings afresh can pay
-    alt = _from_inputs(goal, plan) if proxy is None or _views_repropagate(views, scorer) else None
+    if proxy is None or _views_repropagate(views, scorer):
+        with on_full:
+            alt = _from_inputs(goal, plan)
+    else:
+        alt = None
     repropagated = alt is not None and _better(goal, scorer, alt.cost, plan.cost)
     if repropagated:
         plan = alt
@@ -349,6 +374,9 @@ def _solve(
         "seed": search.seed,
         "episodes": sum(r.episodes for r in records),
         "seconds": seconds,
+        # of `seconds`, the work on the full program outside the search: building its
+        # propagator and cost model, replaying the decisions, costing the plan
+        "full_program_seconds": on_full.seconds,
         "actions_before": sum(r.actions_before for r in records),
         "actions_after": sum(r.actions_after for r in records),
         "pruned": sum(r.pruned for r in records),

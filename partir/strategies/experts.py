@@ -44,6 +44,24 @@ def _fill(rules: dict, **names: str) -> Rules:
     return {k.format(**names): P(*[sub(e) for e in spec]) for k, spec in rules.items()}
 
 
+def _scanned(goal: Goal) -> bool:
+    """Whether the layers are one stacked subtree (run under `lax.scan`): their parameters
+    are `.../layers/attn/q` with a leading layer dim, not `.../layers/3/attn/q`."""
+    for path in goal.program.inputs:
+        parts = path.split("/")
+        if "layers" in parts[:-1]:
+            return not parts[parts.index("layers") + 1].isdigit()
+    return False
+
+
+def _per_layer(goal: Goal, rules: Rules) -> Rules:
+    """Rules written for one layer's weights, shifted past the layer dim when stacked (the
+    leading "layers" logical axis of MaxText's scanned parameters)."""
+    if not _scanned(goal):
+        return rules
+    return {k: P(None, *spec) for k, spec in rules.items()}
+
+
 def _state_paths(goal: Goal) -> list[str]:
     return sorted(set(goal.program.carried.values()))
 
@@ -142,7 +160,8 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
             plans["FSDP"] = lambda: [batch_rules(goal, every),
                                      zero_rules(goal, every, params=True)]  # fmt: skip
     if family in ("transformer", "moe", "mlp") and model:
-        mp = _mlp_megatron(goal, model) if family == "mlp" else _fill(MEGATRON, m=model)
+        mp = _mlp_megatron(goal, model) if family == "mlp" else _per_layer(
+            goal, _fill(MEGATRON, m=model))  # fmt: skip
         plans["MP"] = lambda: [mp]
         plans["BP+MP"] = lambda: [bp(), mp]
         plans["BP+MP+Z3"] = lambda: [bp(), mp, zero_rules(goal, data, params=True,
@@ -151,8 +170,8 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
             plans["BP+EMB"] = lambda: [bp(), _fill(EMBEDDING, m=model)]
     if family == "moe":
         ep_axis = model or data
-        plans["EP"] = lambda: [bp(), _fill(EXPERTS, m=ep_axis)] if model else [
-            _fill(EXPERTS, m=ep_axis)]  # fmt: skip
+        ep = _per_layer(goal, _fill(EXPERTS, m=ep_axis))
+        plans["EP"] = lambda: [bp(), ep] if model else [ep]
     return plans
 
 
