@@ -245,6 +245,7 @@ def _three_d_experts(goal) -> dict[str, Callable[[], list]]:
         _family,
         _fill,
         _mlp_megatron,
+        _per_layer,
         batch_rules,
         zero_rules,
     )
@@ -264,11 +265,12 @@ def _three_d_experts(goal) -> dict[str, Callable[[], list]]:
 
     plans["BP+FSDP"] = lambda: [*bp2(), zero_rules(goal, fsdp, params=True)]
     if family in ("transformer", "moe", "mlp"):
-        mp = _mlp_megatron(goal, tensor) if family == "mlp" else _fill(MEGATRON, m=tensor)
+        mp = _mlp_megatron(goal, tensor) if family == "mlp" else _per_layer(
+            goal, _fill(MEGATRON, m=tensor))  # fmt: skip
         plans["BP+FSDP+MP"] = lambda: [*bp2(), mp, zero_rules(goal, fsdp, params=True,
                                                                taken=[mp])]  # fmt: skip
     if family == "moe":
-        ep = _fill(EXPERTS, m=tensor)
+        ep = _per_layer(goal, _fill(EXPERTS, m=tensor))
         plans["BP+FSDP+EP"] = lambda: [*bp2(), ep, zero_rules(goal, fsdp, params=True,
                                                                taken=[ep])]  # fmt: skip
     return plans

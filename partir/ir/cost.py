@@ -331,17 +331,19 @@ class CostModel:
             else:
                 cur = want
                 if partial:
+                    # scatter first, then all-reduce the scattered shard over the rest
                     scatter = [a for a in partial if any(a in axes for axes in s)]
                     reduce = [a for a in partial if a not in scatter]
-                    size = local_size(shape, cur, mesh) * item
-                    if reduce:
-                        colls.append(("all-reduce", tuple(reduce), size, None))
                     if scatter:
+                        size = local_size(shape, cur, mesh) * item
                         colls.append(("reduce-scatter", tuple(scatter), size, None))
                         cur = tuple(
                             c + tuple(a for a in axes if a in scatter and a not in c)
                             for c, axes in zip(cur, s)
                         )
+                    if reduce:
+                        size = local_size(shape, cur, mesh) * item
+                        colls.append(("all-reduce", tuple(reduce), size, None))
                 colls += [c + (None,) for c in reshard(shape, item, cur, s, mesh)]
                 nbytes += local_size(shape, want, mesh) * item
         flops = 0.0
