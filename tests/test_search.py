@@ -119,6 +119,23 @@ def test_cpsat_forces_tiling_when_memory_is_tight():
     assert partir.solve(unpruned, baselines=False).cost.fits
 
 
+def test_cpsat_counts_the_axes_of_deferred_zero_stages():
+    # ZeRO-3 on `data` is applied after the search; the bound for the `model` axis once
+    # left `data` out and declared 26 MiB infeasible ("smallest possible 49.6 MiB") on a
+    # schedule whose unpruned search meets it.
+    mesh = {"data": 2, "model": 4}
+    schedule = [st.batch("data"), st.zero("data", 3), st.megatron("model")]
+    args = mlp.example_args(preset="small")
+
+    def goal(**kw):
+        return partir.Goal(mlp.train_step, args, mesh, device="tpu-v4", schedule=schedule, **kw)
+
+    unpruned = partir.solve(goal(search=partir.Search(seed=0, prune=None)), baselines=False)
+    limit = int(unpruned.cost.peak_memory_bytes * 1.05)
+    plan = partir.solve(goal(memory_limit=limit, search=partir.Search(seed=0)), baselines=False)
+    assert plan.cost.peak_memory_bytes <= limit
+
+
 def test_manual_tile_and_replicate_are_honoured():
     goal = gpt_goal(schedule=[st.batch("batch"), st.megatron("model"),
                               st.tile("params/embed", 0, "model"),

@@ -4,8 +4,11 @@ Per group of inputs (the values an action tiles), one Boolean per action and one
 "left whole" on this axis, exactly one true. Divisibility is already in the actions;
 an axis once per value holds because a group takes one action. Memory: the per-device
 argument bytes, a linear lower bound (each value divided by the axis if tiled, and by every
-later axis of the schedule at best), plus an activation estimate (the current activation
-memory divided by every axis still to come) must fit the limit.
+axis still to come at best), plus an activation estimate (the current activation memory
+divided by every axis still to come) must fit the limit. Axes still to come are the later
+axes of the schedule and the axes of ZeRO/FSDP stages deferred to the end: those tile the
+parameters, gradients and optimizer state after the search, so a bound that left them out
+declared limits infeasible that the plan meets.
 
 The pass removes every action that is part of no feasible assignment, finds the groups
 that every feasible assignment tiles (the search may not stop before it has tiled them),
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 
 from ortools.sat.python import cp_model
 
 from partir.goal import Goal
 from partir.ir.cost import Cost, fmt_bytes
 from partir.ir.propagate import State
+from partir.strategies.base import Strategy
 from partir.strategies.compile import AxisProblem, schedule_axes
 
 
@@ -40,16 +45,23 @@ SCALE = 1024  # CP-SAT works on integers: bytes in KiB, rounded so bounds stay s
 
 
 def prune_actions(
-    goal: Goal, state: State, problem: AxisProblem, priority: int, cost: Cost | None = None
+    goal: Goal,
+    state: State,
+    problem: AxisProblem,
+    priority: int,
+    cost: Cost | None = None,
+    deferred: Iterable[tuple[int, Strategy]] = (),
 ) -> Pruned:
     """`cost`: the cost of `state` when the caller has it (or an extrapolation of it, as the
-    proxy search has); else it is computed."""
+    proxy search has); else it is computed. `deferred`: the ZeRO/FSDP stages of this and
+    earlier axes that are applied after the search."""
     limit = goal.memory_limit
     if limit is None or not problem.actions:
         return Pruned(list(problem.actions), [], 0)
     model_ = goal.cost_model
     axes = schedule_axes(goal)
-    later = axes[axes.index(problem.axis) + 1 :]
+    later = set(axes[axes.index(problem.axis) + 1 :])
+    later |= {s.axis for _, s in deferred if s.axis != problem.axis}
     n = goal.mesh[problem.axis]
     rest = math.prod(goal.mesh[a] for a in later)
     if cost is None:

@@ -284,6 +284,7 @@ def _solve(
                 dataclasses.replace(problem, actions=actions),
                 priority + 9,
                 cost=scorer.cost(tuple(v.state for v in views), finish=False) if proxy else None,
+                deferred=full.deferred,
             )
             pruned = result.removed
             must = {a.group for a in actions if a.values in result.must_tile}
