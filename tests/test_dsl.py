@@ -4,6 +4,7 @@ units, comments, and fuzzing (garbage and mutations parse or raise GoalError, no
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import re
 
@@ -624,6 +625,16 @@ def test_entry_point_errors(case):
     assert err.message == message
     assert (err.line, err.column) == (n + 1, replacement.index('"') + 1), str(err)
     assert "Traceback" not in str(err)
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(glob.glob(os.path.join(HERE, "..", "examples", "*.partir"))),
+    ids=os.path.basename,
+)
+def test_every_example_goal_loads(path):
+    goal = load_goal(path)
+    assert goal.schedule and goal.mesh and goal.memory_limit
 
 
 def test_load_goal_file_errors_name_the_file(tmp_path):
