@@ -19,6 +19,7 @@ estimate too: live bytes in program order (arguments live throughout, unless don
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 
@@ -163,10 +164,13 @@ class CostModel:
         self.bandwidth = device.axis_bandwidths(self.mesh)
         self._templates: dict[tuple, OpCost] = {}  # (op kind, shardings) -> its cost
         self._ways: dict[Sharding, int] = {}  # see _ways_of
+        ops = self.program.ops
+        self._operands = [  # per op, its operands' value ids (vids holds them, then results)
+            vids[: len(vids) - len(op.outputs)] for op, vids in zip(ops, propagator.vids)
+        ]
         self._init_liveness(donate)
         self.free = recomputable_values(self.program)
         self._kinds = self._op_kinds()  # see op_cost
-        self._operands = [tuple(v for v in op.inputs if v is not None) for op in self.program.ops]
 
     # -- memory -----------------------------------------------------------------------
     def _init_liveness(self, donate: bool) -> None:
@@ -176,12 +180,12 @@ class CostModel:
         prog = self.program
         n = len(prog.values)
         end = len(prog.ops)
-        read_v = np.fromiter((v for op in prog.ops for v in op.inputs if v is not None), np.int64)
-        read_at = np.fromiter(
-            (op.index for op in prog.ops for v in op.inputs if v is not None), np.int64
-        )
-        made_v = np.fromiter((v for op in prog.ops for v in op.outputs), np.int64)
-        made_at = np.fromiter((op.index for op in prog.ops for _ in op.outputs), np.int64)
+        at = np.arange(end, dtype=np.int64)
+        read_v = np.fromiter(itertools.chain.from_iterable(self._operands), np.int64)
+        read_at = np.repeat(at, np.fromiter(map(len, self._operands), np.int64, count=end))
+        outputs = [op.outputs for op in prog.ops]
+        made_v = np.fromiter(itertools.chain.from_iterable(outputs), np.int64)
+        made_at = np.repeat(at, np.fromiter(map(len, outputs), np.int64, count=end))
         birth = np.full(n, end + 1, dtype=np.int64)
         np.minimum.at(birth, read_v, read_at)
         birth[made_v] = made_at
@@ -280,7 +284,7 @@ class CostModel:
         reduce-scatter); otherwise the one that produces the result as it is sharded,
         resharding operands to match."""
         if op.primitive == "_link":
-            return self._link_cost(op, self.prop.tensors[op.index], shardings)
+            return self._link_cost(op, self.prop.tensors(op.index), shardings)
         n = len(shardings)
         n_in = sum(1 for v in op.inputs if v is not None)
         keeps, anchored = None, None
@@ -299,7 +303,7 @@ class CostModel:
         rule = op.rule
         prop = self.prop
         mesh = self.mesh
-        tensors = prop.tensors[op.index]
+        tensors = prop.tensors(op.index)
         n_in = sum(1 for v in op.inputs if v is not None)
         # execution sharding: tensors in `order` claim factors; an axis serves one factor
         fa: dict[int, Axes] = {}

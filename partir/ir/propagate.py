@@ -134,25 +134,33 @@ class Propagator:
         self.seed = list(seed)
         self._empty: dict[frozenset[int], State] = {}
         self.shapes = [v.shape for v in program.values]
-        # per op: [(value id, per-dim factors)], its value ids, and what its propagation
+        # per op: its tensors' value ids (operands, then results), and what its propagation
         # depends on besides their shardings: the rule and which tensors are one value
-        self.tensors: list[list[tuple[int, tuple[tuple[int, ...], ...]]]] = []
         self.vids: list[tuple[int, ...]] = []
         self.kinds: list[tuple] = []
         self.ops_of: list[list[int]] = [[] for _ in program.values]
+        ops_of = self.ops_of
         for i, op in enumerate(program.ops):
-            rule: Rule = op.rule
-            ts = [(v, f) for v, f in zip(op.inputs, rule.operands) if v is not None]
-            ts += list(zip(op.outputs, rule.results))
-            vids = tuple(v for v, _ in ts)
-            self.tensors.append(ts)
+            ins = op.inputs
+            vids = (tuple(v for v in ins if v is not None) if None in ins else ins) + op.outputs
             self.vids.append(vids)
-            distinct = len(set(vids)) == len(vids)  # else which tensors are one value
-            self.kinds.append((id(rule), None if distinct else tuple(map(vids.index, vids))))
-            for v in vids if distinct else dict.fromkeys(vids):
-                self.ops_of[v].append(i)
+            if len(set(vids)) == len(vids):
+                self.kinds.append((id(op.rule), None))
+                for v in vids:
+                    ops_of[v].append(i)
+            else:  # which tensors are one value
+                self.kinds.append((id(op.rule), tuple(map(vids.index, vids))))
+                for v in dict.fromkeys(vids):
+                    ops_of[v].append(i)
         # (op kind, shardings, frozen tensors) -> updates by tensor position (see _updates)
         self._templates: dict[tuple, tuple] = {}
+
+    def tensors(self, i: int) -> list[tuple[int, tuple[tuple[int, ...], ...]]]:
+        """Op `i`'s tensors as (value id, per-dim factors), operands first."""
+        op = self.program.ops[i]
+        rule: Rule = op.rule
+        ts = [(v, f) for v, f in zip(op.inputs, rule.operands) if v is not None]
+        return ts + list(zip(op.outputs, rule.results))
 
     # -- states ---------------------------------------------------------------------
     def empty(self, frozen: Iterable[int] = ()) -> State:
@@ -273,7 +281,7 @@ class Propagator:
         return updates
 
     def _propagate_op_uncached(self, i: int, shardings, frozen):
-        tensors = self.tensors[i]
+        tensors = self.tensors(i)
         rule = self.program.ops[i].rule
         sizes = rule.sizes
         moves = tuple(k in (Kind.PASS, Kind.REDUCTION) for k in rule.kinds)
