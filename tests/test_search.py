@@ -8,8 +8,10 @@ import pytest
 import partir
 from partir import strategies as st
 from partir.models import gpt, mlp
+from partir.solver import search as search_module
 from partir.solver.actions import find_groups
-from partir.solver.prune import InfeasibleMemory
+from partir.solver.prune import InfeasibleMemory, prune_actions
+from partir.strategies.compile import compile_axis, zero_decisions
 from partir.testing import check_plan
 
 S = jax.ShapeDtypeStruct
@@ -134,6 +136,37 @@ def test_cpsat_counts_the_axes_of_deferred_zero_stages():
     limit = int(unpruned.cost.peak_memory_bytes * 1.05)
     plan = partir.solve(goal(memory_limit=limit, search=partir.Search(seed=0)), baselines=False)
     assert plan.cost.peak_memory_bytes <= limit
+
+
+def test_cpsat_lets_the_search_stop_where_the_axis_own_zero_fits(monkeypatch):
+    # [megatron, zero(stage=3)] on one axis, at a limit that ZeRO alone meets: no group must
+    # be tiled by Megatron. The bound once left this axis's own ZeRO out of the "left whole"
+    # option and forbade stopping.
+    mesh, axis = {"model": 4}, "model"
+    schedule = [st.megatron(axis), st.zero(axis, 3)]
+    args = mlp.example_args(preset="small")
+
+    def zero_only(goal):
+        prop, groups = goal.propagator, find_groups(goal)
+        problem = compile_axis(goal, axis, prop.empty(), groups, 10)
+        state = prop.apply_all(prop.empty(), problem.required)[0]
+        state = prop.apply_all(state, zero_decisions(goal, state, groups, problem.deferred))[0]
+        return problem, state
+
+    free = partir.Goal(mlp.train_step, args, mesh, device="tpu-v4", schedule=schedule)
+    limit = free.cost_model.cost(zero_only(free)[1]).peak_memory_bytes
+    goal = partir.Goal(mlp.train_step, args, mesh, device="tpu-v4", schedule=schedule,
+                       memory_limit=limit)  # fmt: skip
+    results = []
+
+    def spy(*a, **kw):
+        results.append(prune_actions(*a, **kw))
+        return results[-1]
+
+    monkeypatch.setattr(search_module, "prune_actions", spy)
+    partir.solve(goal, baselines=False)
+    (result,) = results
+    assert result.must_tile == [] and result.removed == 0
 
 
 def test_manual_tile_and_replicate_are_honoured():

@@ -5,9 +5,9 @@ Per group of inputs (the values an action tiles), one Boolean per action and one
 an axis once per value holds because a group takes one action. Memory: the per-device
 argument bytes, a linear lower bound (each value divided by the axis if tiled, and by every
 axis still to come at best), plus an activation estimate (the current activation memory
-divided by every axis still to come) must fit the limit. Axes still to come are the later
-axes of the schedule and the axes of ZeRO/FSDP stages deferred to the end: those tile the
-parameters, gradients and optimizer state after the search, so a bound that left them out
+divided by every axis still to come) must fit the limit. The state given is the searched
+one with the ZeRO/FSDP stages that are deferred to the end already applied: they tile the
+parameters, gradients and optimizer state after the search, and a bound that left them out
 declared limits infeasible that the plan meets.
 
 The pass removes every action that is part of no feasible assignment, finds the groups
@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
 
 from ortools.sat.python import cp_model
 
 from partir.goal import Goal
 from partir.ir.cost import Cost, fmt_bytes
 from partir.ir.propagate import State
-from partir.strategies.base import Strategy
 from partir.strategies.compile import AxisProblem, schedule_axes
 
 
@@ -50,18 +48,16 @@ def prune_actions(
     problem: AxisProblem,
     priority: int,
     cost: Cost | None = None,
-    deferred: Iterable[tuple[int, Strategy]] = (),
 ) -> Pruned:
-    """`cost`: the cost of `state` when the caller has it (or an extrapolation of it, as the
-    proxy search has); else it is computed. `deferred`: the ZeRO/FSDP stages of this and
-    earlier axes that are applied after the search."""
+    """`state`: with the deferred ZeRO/FSDP stages applied (see the module docstring).
+    `cost`: the cost of `state` when the caller has it (or an extrapolation of it, as the
+    proxy search has); else it is computed."""
     limit = goal.memory_limit
     if limit is None or not problem.actions:
         return Pruned(list(problem.actions), [], 0)
     model_ = goal.cost_model
     axes = schedule_axes(goal)
-    later = set(axes[axes.index(problem.axis) + 1 :])
-    later |= {s.axis for _, s in deferred if s.axis != problem.axis}
+    later = axes[axes.index(problem.axis) + 1 :]
     n = goal.mesh[problem.axis]
     rest = math.prod(goal.mesh[a] for a in later)
     if cost is None:

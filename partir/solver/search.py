@@ -277,14 +277,16 @@ def _solve(
             keys = {_key(deep.prop, a) for a in useful}
             actions = [a for a in problem.actions if _key(prop, a) in keys]
         pruned, must = 0, set()
-        if search.prune == "cpsat" and actions:
+        if search.prune == "cpsat" and actions and goal.memory_limit is not None:
+            # bounded with the deferred ZeRO/FSDP stages applied: they tile the state later
+            with on_full:
+                finished = full.finish(full.state)
             result = prune_actions(
                 goal,
-                full.state,
+                finished,
                 dataclasses.replace(problem, actions=actions),
                 priority + 9,
-                cost=scorer.cost(tuple(v.state for v in views), finish=False) if proxy else None,
-                deferred=full.deferred,
+                cost=scorer.cost(tuple(v.state for v in views)) if proxy else None,
             )
             pruned = result.removed
             must = {a.group for a in actions if a.values in result.must_tile}
