@@ -23,7 +23,12 @@ def test_bench_runs_in_tiny_form(tmp_path):
     assert r["xla"]["expert"]["argument_bytes"] > 0
 
     rows = result["scaling"]["rows"]
-    assert [(row["layers"], row["scan"]) for row in rows] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    assert [(row["layers"], row["scan"]) for row in rows] == [
+        (1, False),
+        (2, False),
+        (1, True),
+        (2, True),
+    ]
     listed, scanned = rows[:2], rows[2:]
     assert listed[0]["time_ratio"] == 1.0 and listed[1]["ops"] > listed[0]["ops"]
     assert scanned[0]["time_ratio"] == 1.0 and scanned[1]["ops"] == scanned[0]["ops"]

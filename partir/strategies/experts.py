@@ -49,8 +49,8 @@ def _scanned(goal: Goal) -> bool:
     are `.../layers/attn/q` with a leading layer dim, not `.../layers/3/attn/q`."""
     for path in goal.program.inputs:
         parts = path.split("/")
-        if "layers" in parts[:-1]:
-            return not parts[parts.index("layers") + 1].isdigit()
+        if any(p == "layers" and not n.isdigit() for p, n in zip(parts, parts[1:])):
+            return True
     return False
 
 
