@@ -239,14 +239,11 @@ def _three_d_experts(goal) -> dict[str, Callable[[], list]]:
     """Expert plans that use all three axes of a data x fsdp x tensor mesh (the library's
     expert plans use the first two axes only)."""
     from partir.strategies.experts import (
-        EXPERTS,
-        MEGATRON,
         _data_paths,
         _family,
-        _fill,
-        _mlp_megatron,
-        _per_layer,
         batch_rules,
+        expert_parallel_rules,
+        megatron_rules,
         zero_rules,
     )
 
@@ -265,12 +262,11 @@ def _three_d_experts(goal) -> dict[str, Callable[[], list]]:
 
     plans["BP+FSDP"] = lambda: [*bp2(), zero_rules(goal, fsdp, params=True)]
     if family in ("transformer", "moe", "mlp"):
-        mp = _mlp_megatron(goal, tensor) if family == "mlp" else _per_layer(
-            goal, _fill(MEGATRON, m=tensor))  # fmt: skip
+        mp = megatron_rules(goal, tensor)
         plans["BP+FSDP+MP"] = lambda: [*bp2(), mp, zero_rules(goal, fsdp, params=True,
                                                                taken=[mp])]  # fmt: skip
     if family == "moe":
-        ep = _per_layer(goal, _fill(EXPERTS, m=tensor))
+        ep = expert_parallel_rules(goal, tensor)
         plans["BP+FSDP+EP"] = lambda: [*bp2(), ep, zero_rules(goal, fsdp, params=True,
                                                                taken=[ep])]  # fmt: skip
     return plans
@@ -528,7 +524,7 @@ def run_scaling(
     mesh = dict(MESH_2D_SMALL if mesh is None else mesh)
     rows = []
     for scan in scans:
-        rows += _scaling_rows_of(layers, size, mesh, scan, progress)
+        rows += _scaling_run(layers, size, mesh, scan, progress)
     return {
         "model": "gpt",
         "size": size,
@@ -538,7 +534,7 @@ def run_scaling(
     }
 
 
-def _scaling_rows_of(layers, size, mesh, scan: bool, progress) -> list[dict]:
+def _scaling_run(layers, size, mesh, scan: bool, progress) -> list[dict]:
     import jax
 
     rows = []

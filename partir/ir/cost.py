@@ -283,14 +283,15 @@ class CostModel:
         cheapest of those (a sharded contraction then ends in an all-reduce or a
         reduce-scatter); otherwise the one that produces the result as it is sharded,
         resharding operands to match."""
+        tensors = self.prop.tensors(op.index)
         if op.primitive == "_link":
-            return self._link_cost(op, self.prop.tensors(op.index), shardings)
+            return self._link_cost(op, tensors, shardings)
         n = len(shardings)
         n_in = sum(1 for v in op.inputs if v is not None)
         keeps, anchored = None, None
         for first in range(n):
             order = [first] + [t for t in range(n) if t != first]
-            cand = self._run_with(op, shardings, order)
+            cand = self._run_with(op, tensors, shardings, order)
             if not cand.collectives:
                 return cand
             if not _moves_operands(cand) and (keeps is None or _weight(cand) < _weight(keeps)):
@@ -299,11 +300,10 @@ class CostModel:
                 anchored = cand
         return keeps or anchored or OpCost(0.0, 0.0, ())
 
-    def _run_with(self, op, shardings: list[Sharding], order: list[int]) -> OpCost:
+    def _run_with(self, op, tensors, shardings: list[Sharding], order: list[int]) -> OpCost:
         rule = op.rule
         prop = self.prop
         mesh = self.mesh
-        tensors = prop.tensors(op.index)
         n_in = sum(1 for v in op.inputs if v is not None)
         # execution sharding: tensors in `order` claim factors; an axis serves one factor
         fa: dict[int, Axes] = {}

@@ -54,12 +54,25 @@ def _scanned(goal: Goal) -> bool:
     return False
 
 
-def _per_layer(goal: Goal, rules: Rules) -> Rules:
-    """Rules written for one layer's weights, shifted past the layer dim when stacked (the
-    leading "layers" logical axis of MaxText's scanned parameters)."""
+def _per_layer(goal: Goal, rules: dict, axis: str) -> Rules:
+    """Rules written for one layer's weights, on `axis`, shifted past the layer dim when
+    stacked (the leading "layers" logical axis of MaxText's scanned parameters)."""
+    filled = _fill(rules, m=axis)
     if not _scanned(goal):
-        return rules
-    return {k: P(None, *spec) for k, spec in rules.items()}
+        return filled
+    return {k: P(None, *spec) for k, spec in filled.items()}
+
+
+def megatron_rules(goal: Goal, axis: str) -> Rules:
+    """Megatron on `axis` for the goal's model family."""
+    if _family(goal) == "mlp":
+        return _mlp_megatron(goal, axis)
+    return _per_layer(goal, MEGATRON, axis)
+
+
+def expert_parallel_rules(goal: Goal, axis: str) -> Rules:
+    """The experts dim of moe layers tiled on `axis`."""
+    return _per_layer(goal, EXPERTS, axis)
 
 
 def _state_paths(goal: Goal) -> list[str]:
@@ -160,8 +173,7 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
             plans["FSDP"] = lambda: [batch_rules(goal, every),
                                      zero_rules(goal, every, params=True)]  # fmt: skip
     if family in ("transformer", "moe", "mlp") and model:
-        mp = _mlp_megatron(goal, model) if family == "mlp" else _per_layer(
-            goal, _fill(MEGATRON, m=model))  # fmt: skip
+        mp = megatron_rules(goal, model)
         plans["MP"] = lambda: [mp]
         plans["BP+MP"] = lambda: [bp(), mp]
         plans["BP+MP+Z3"] = lambda: [bp(), mp, zero_rules(goal, data, params=True,
@@ -170,7 +182,7 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
             plans["BP+EMB"] = lambda: [bp(), _fill(EMBEDDING, m=model)]
     if family == "moe":
         ep_axis = model or data
-        ep = _per_layer(goal, _fill(EXPERTS, m=ep_axis))
+        ep = expert_parallel_rules(goal, ep_axis)
         plans["EP"] = lambda: [bp(), ep] if model else [ep]
     return plans
 
