@@ -20,7 +20,9 @@ Semantics, and where they differ from a literal reading of the design:
   data inputs are forbidden. It does not pin the residual stream: the cost model charges
   whatever a choice implies, and the search keeps the cheap ones.
 - `expert`: the experts dim (dim 0) of mixture-of-experts weights is required.
-- `auto`: actions on every group, any dim that divides.
+- `auto`: actions on every group, any dim that the axis divides, also one an earlier axis
+  tiles, where their sizes multiply to a divisor (so the batch dim can be split over two
+  axes: on gpt small 2x4, auto on both axes went from 1.14x to 0.95x the FSDP expert).
 - `tile` / `replicate`: decisions of the highest priority / values forbidden on the axis.
 """
 
@@ -113,6 +115,14 @@ def compile_axis(
         s = prop.sharding(state, vid)
         return [d for d in dims_that_divide(prog.values[vid].shape, n) if not s[d]]
 
+    def divisible_dims(vid: int) -> list[int]:
+        """Dims the axis divides, also those an earlier axis tiles (it then goes minor)."""
+        shape, s = prog.values[vid].shape, prop.sharding(state, vid)
+        if n == 1 or any(axis in axes for axes in s):
+            return []
+        tiles = [prop.size(axes) * n for axes in s]
+        return [d for d, (size, k) in enumerate(zip(shape, tiles)) if size >= k and size % k == 0]
+
     for k, s in enumerate(strategies):
         prio = priority + k
         if isinstance(s, Batch | FSDP):
@@ -130,7 +140,7 @@ def compile_axis(
                     actions += [Action(g.name, d, g.members) for d in free_dims(g.members[0])]
         if isinstance(s, Auto):
             for g in groups:
-                actions += [Action(g.name, d, g.members) for d in free_dims(g.members[0])]
+                actions += [Action(g.name, d, g.members) for d in divisible_dims(g.members[0])]
         if isinstance(s, Expert):
             for g in groups:
                 moe = "moe" in g.name.split("/") or "experts" in g.name
