@@ -7,6 +7,7 @@ import pytest
 
 import partir
 from partir import strategies as st
+from partir.bench import REALISTIC
 from partir.models import gpt, mlp
 from partir.solver import search as search_module
 from partir.solver.actions import find_groups
@@ -105,6 +106,26 @@ def test_auto_may_split_a_dim_an_earlier_axis_tiles():
     assert not any(a.group == "batch/tokens" for a in again)
     _, _, megatron = model_axis_actions(st.megatron("model"))
     assert megatron and not any(a.group.startswith("batch/") for a in megatron)
+
+
+def test_a_plan_the_shallow_copies_mispredict_is_searched_again_whole():
+    # auto on mlp 1b 8x8: the 1- and 2-layer copies score `batch/y dim 1` on both axes
+    # well, but the full program costs 3.2x their extrapolation; the whole program's own
+    # search finds the 6.9 ms plan
+    preset, overrides = REALISTIC["mlp"]
+    args = mlp.example_args(abstract=True, preset=preset, **dict(overrides))
+    goal = partir.Goal(mlp.train_step, args, {"data": 8, "model": 8}, device="tpu-v4",
+                       memory_limit="32GiB", schedule=[st.auto("data"), st.auto("model")])  # fmt: skip
+    plan = partir.solve(goal, baselines=False)
+    proxy = plan.search["proxy"]
+    assert not proxy["used"] and "their prediction" in proxy["reason"]
+    assert plan.cost.step_time_s < proxy["rejected_plan_step_time_s"] / 2
+    # where the copies predict the full program, their plan is kept
+    small = partir.Goal(gpt.train_step, gpt.example_args(abstract=True, preset="small"),
+                        {"batch": 2, "model": 4}, device="tpu-v4",
+                        schedule=[st.batch("batch"), st.zero("batch", 3), st.megatron("model")])  # fmt: skip
+    kept = partir.solve(small, baselines=False).search["proxy"]
+    assert kept["used"] and kept["full_over_predicted"] == pytest.approx(1.0, rel=0.01)
 
 
 def test_memory_limit_that_cannot_be_met_says_why():

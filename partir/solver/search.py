@@ -138,11 +138,7 @@ class Scorer:
         return extrapolate(costs, self.layers)
 
     def metric(self, cost: Cost) -> float:
-        if self.goal.objective == "memory":
-            return float(cost.peak_memory_bytes)
-        if self.goal.objective == "comm":
-            return float(cost.comm_bytes) + 1.0
-        return cost.step_time_s
+        return metric(self.goal, cost)
 
     def __call__(self, states: tuple[State, ...]) -> float:
         hit = self.cache.get(states)
@@ -190,6 +186,9 @@ class Stopwatch:
         self.seconds += time.perf_counter() - self._t0
 
 
+PROXY_TOLERANCE = 1.25  # full-program metric over the copies' extrapolation, before a redo
+
+
 class _ProxyMismatch(Exception):
     """The shallow copies offer other actions than the full program: search it whole."""
 
@@ -211,9 +210,18 @@ def solve(
         proxy, why = make_proxy(goal) if goal.search.proxy else (None, "switched off")
         if proxy is not None:
             try:
-                return _solve(goal, proxy, why, t0, progress, baselines)
+                plan = _solve(goal, proxy, why, t0, progress, baselines)
             except _ProxyMismatch as e:
                 proxy, why = None, str(e)
+            else:
+                off = plan.search["proxy"]["full_over_predicted"]
+                if off <= PROXY_TOLERANCE and plan.cost.fits:
+                    return plan
+                # the copies mispredicted the plan on the full program: search it whole
+                why = f"the plan of the shallow copies cost {off:.2f}x their prediction"
+                whole = _solve(goal, None, why, t0, progress, baselines)
+                whole.search["proxy"]["rejected_plan_step_time_s"] = plan.cost.step_time_s
+                return whole if _better(goal, whole.cost, plan.cost) else plan
         return _solve(goal, None, why, t0, progress, baselines)
 
 
@@ -366,7 +374,7 @@ def _solve(
             alt = _from_inputs(goal, plan)
     else:
         alt = None
-    repropagated = alt is not None and _better(goal, scorer, alt.cost, plan.cost)
+    repropagated = alt is not None and _better(goal, alt.cost, plan.cost)
     if repropagated:
         plan = alt
     seconds = time.perf_counter() - t0
@@ -385,7 +393,12 @@ def _solve(
         "pruned": sum(r.pruned for r in records),
         "evaluations": scorer.evaluations,
         "explored": scorer.explored,
-        "proxy": {"layers": proxy.layers, "used": True}
+        "proxy": {
+            "layers": proxy.layers,
+            "used": True,
+            "full_over_predicted": scorer.metric(plan.cost)
+            / max(scorer.metric(scorer.cost(tuple(v.state for v in views))), 1e-30),
+        }
         if proxy
         else {"used": False, "reason": why},
         "repropagated": repropagated,  # the plan is its input shardings propagated afresh
@@ -423,10 +436,19 @@ def _views_repropagate(views: list[View], scorer: Scorer) -> bool:
     if any(alt is None for alt in alts):
         return False
     a = scorer.cost(tuple(state for state, _ in alts), finish=False)
-    return _better(scorer.goal, scorer, a, scorer.cost(tuple(finals), finish=False))
+    return _better(scorer.goal, a, scorer.cost(tuple(finals), finish=False))
 
 
-def _better(goal: Goal, scorer: Scorer, a: Cost, b: Cost) -> bool:
+def metric(goal: Goal, cost: Cost) -> float:
+    """The goal's objective: lower is better."""
+    if goal.objective == "memory":
+        return float(cost.peak_memory_bytes)
+    if goal.objective == "comm":
+        return float(cost.comm_bytes) + 1.0
+    return cost.step_time_s
+
+
+def _better(goal: Goal, a: Cost, b: Cost) -> bool:
     """Whether cost `a` beats `b`: within the memory limit first, then the objective."""
     limit = goal.memory_limit
     fits = lambda c: limit is None or c.peak_memory_bytes <= limit  # noqa: E731
@@ -434,4 +456,4 @@ def _better(goal: Goal, scorer: Scorer, a: Cost, b: Cost) -> bool:
         return fits(a)
     if not fits(a):
         return a.peak_memory_bytes < b.peak_memory_bytes
-    return scorer.metric(a) < scorer.metric(b)
+    return metric(goal, a) < metric(goal, b)
