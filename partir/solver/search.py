@@ -7,7 +7,10 @@ in the goal's objective (step time, peak memory, or communicated bytes) and N th
 of devices; a plan over the limit scores `0.5 * limit / peak` < 0.5. So every plan that
 fits beats every plan that does not, and among those that do not, less memory is better —
 the search is pulled towards feasibility instead of seeing a cliff, and the log spreads
-speedups up to N evenly over the reward range that UCT compares.
+speedups up to N evenly over the reward range that UCT compares. While later axes are still
+to be searched, "the limit" is the limit times the product of their sizes: the most they
+can divide a plan's memory by (the bound CP-SAT prunes with, too). Judged against the bare
+limit, every plan of an early axis is over it, and that axis only minimised memory.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from partir.solver.actions import Action, find_groups, useful_actions
 from partir.solver.plan import Plan, input_decisions
 from partir.solver.proxy import Proxy, extrapolate, make_proxy
 from partir.solver.prune import prune_actions
+from partir.strategies.base import FSDP, Auto, Zero
 from partir.strategies.compile import (
     compile_axis,
     manual_decisions,
@@ -35,7 +39,25 @@ from partir.strategies.compile import (
     zero_decisions,
 )
 
-STOP = "stop"
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """End the search of an axis. With `zero`, the axis also takes ZeRO at that stage,
+    deferred to the end as the `zero` strategy's decisions are. Offered on axes searched
+    with `auto` and no zero/fsdp of their own: no order of single tilings reaches ZeRO (a
+    parameter tiled during the search propagates into the activations), and under a tight
+    memory limit ZeRO is what fits."""
+
+    zero: int | None = None
+
+    def __str__(self) -> str:
+        return "stop" if self.zero is None else f"zero(stage={self.zero})"
+
+
+STOP = Stop()
+AUTO_ZERO_STAGES = (1, 3)  # the ZeRO stages an `auto` axis may end with
+
+Deferred = tuple[tuple[int, Zero], ...]  # (priority, strategy), as AxisProblem.deferred
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +65,7 @@ class Node:
     state: State
     done: bool
     applied: tuple = dataclasses.field(default=(), compare=False)  # action indices, in order
+    zero: int | None = None  # the ZeRO stage the axis ended with (see Stop)
 
 
 @dataclasses.dataclass
@@ -60,21 +83,28 @@ class View:
     def prop(self):
         return self.goal.propagator
 
-    def finish(self, state: State) -> State:
-        """`state` with the deferred decisions (ZeRO) applied."""
-        decisions = zero_decisions(self.goal, state, self.groups, self.deferred)
+    def finish(self, state: State, extra: Deferred = ()) -> State:
+        """`state` with the deferred decisions (ZeRO), and `extra` ones, applied."""
+        decisions = zero_decisions(self.goal, state, self.groups, self.deferred + list(extra))
         return self.prop.apply_all(state, decisions)[0]
 
 
 class AxisEnvironment:
     """The MCTS's view of one axis: a state is the propagated state of each view, an
-    action tiles a group (the same group, by name, in every view)."""
+    action tiles a group (the same group, by name, in every view) or stops (see Stop)."""
 
-    def __init__(self, views: list[View], axis: str, priority: int, score) -> None:
+    def __init__(
+        self, views: list[View], axis: str, priority: int, score, zero_stages: tuple = ()
+    ) -> None:
         self.views = views
         self.axis = axis
         self.priority = priority
         self.score = score
+        self.stops = [STOP] + [Stop(stage) for stage in zero_stages]
+
+    def extra(self, zero: int | None) -> Deferred:
+        """The deferred ZeRO that a stop with `zero` adds (below the actions' priority)."""
+        return () if zero is None else ((self.priority - 1, Zero(self.axis, zero)),)
 
     def _tiled(self, prop, state: State, values: tuple[int, ...]) -> bool:
         return all(any(self.axis in axes for axes in prop.sharding(state, v)) for v in values)
@@ -92,15 +122,15 @@ class AxisEnvironment:
     def actions(self, node: Node) -> list[Any]:
         pairs = list(zip(self.views, node.state))
         can_stop = all(self._tiled(v.prop, s, g) for v, s in pairs for g in v.must_tile)
-        legal: list[Any] = [STOP] if can_stop else []
+        legal: list[Any] = list(self.stops) if can_stop else []
         for i in range(len(self.views[0].actions)):
             if all(self._legal(v.prop, s, v.actions[i]) for v, s in pairs):
                 legal.append(i)
         return legal
 
     def step(self, node: Node, action: Any) -> Node:
-        if action == STOP:
-            return Node(node.state, True, node.applied)
+        if isinstance(action, Stop):
+            return Node(node.state, True, node.applied, action.zero)
         states = tuple(
             v.prop.apply_all(s, v.actions[action].decisions(self.axis, self.priority))[0]
             for v, s in zip(self.views, node.state)
@@ -111,10 +141,10 @@ class AxisEnvironment:
         return node.done or self.actions(node) in ([STOP], [])
 
     def reward(self, node: Node) -> float:
-        return self.score(node.state)
+        return self.score(node.state, self.extra(node.zero))
 
     def key(self, node: Node) -> Any:
-        return (hash(node.state), node.done)
+        return (hash(node.state), node.done, node.zero)
 
 
 class Scorer:
@@ -126,13 +156,16 @@ class Scorer:
         self.layers = layers  # costs of two shallow views are extrapolated to this depth
         self.log_n = math.log(1 + max(goal.num_devices, 2))
         self.reference = self.cost(tuple(v.prop.empty() for v in views), finish=False)
-        self.cache: dict[tuple[State, ...], float] = {}
+        # the product of the sizes of the axes still to search: a plan's peak is held to the
+        # limit times this, the most those axes can divide it by (see the module docstring)
+        self.later = 1
+        self.cache: dict[tuple, float] = {}  # (states, extra deferred, later) -> reward
         self.evaluations = 0
         self.explored: list[tuple[float, int]] = []  # (step time, peak memory) per plan
 
-    def cost(self, states: tuple[State, ...], finish: bool = True) -> Cost:
+    def cost(self, states: tuple[State, ...], finish: bool = True, extra: Deferred = ()) -> Cost:
         costs = [
-            v.goal.cost_model.cost(v.finish(s) if finish else s, detail=False)
+            v.goal.cost_model.cost(v.finish(s, extra) if finish else s, detail=False)
             for v, s in zip(self.views, states)
         ]
         return extrapolate(costs, self.layers)
@@ -140,20 +173,20 @@ class Scorer:
     def metric(self, cost: Cost) -> float:
         return metric(self.goal, cost)
 
-    def __call__(self, states: tuple[State, ...]) -> float:
-        hit = self.cache.get(states)
+    def __call__(self, states: tuple[State, ...], extra: Deferred = ()) -> float:
+        hit = self.cache.get((states, extra, self.later))
         if hit is None:
             self.evaluations += 1
-            cost = self.cost(states)
+            cost = self.cost(states, extra=extra)
             self.explored.append((cost.step_time_s, cost.peak_memory_bytes))
             hit = self.reward(cost)
-            self.cache[states] = hit
+            self.cache[(states, extra, self.later)] = hit
         return hit
 
     def reward(self, cost: Cost) -> float:
         limit = self.goal.memory_limit
-        if limit is not None and cost.peak_memory_bytes > limit:
-            return 0.5 * limit / cost.peak_memory_bytes
+        if limit is not None and cost.peak_memory_bytes > limit * self.later:
+            return 0.5 * limit * self.later / cost.peak_memory_bytes
         ref = max(self.metric(self.reference), 1e-30)
         speedup = ref / max(self.metric(cost), 1e-30)
         return min(1.0, 0.5 + 0.5 * math.log1p(speedup) / self.log_n)
@@ -284,11 +317,21 @@ def _solve(
         else:
             keys = {_key(deep.prop, a) for a in useful}
             actions = [a for a in problem.actions if _key(prop, a) in keys]
+        strategies = problem.strategies
+        zero_stages = (
+            AUTO_ZERO_STAGES
+            if any(isinstance(s, Auto) for s in strategies)
+            and not any(isinstance(s, Zero | FSDP) for s in strategies)
+            else ()
+        )
+        env = AxisEnvironment(views, axis, priority + 9, scorer, zero_stages)
+        scorer.later = math.prod(goal.mesh[a] for a in axes[k + 1 :])
         pruned, must = 0, set()
         if search.prune == "cpsat" and actions and goal.memory_limit is not None:
             # bounded with the deferred ZeRO/FSDP stages applied: they tile the state later
+            # (and with the deepest ZeRO the axis may end with: a bound must not exceed it)
             with on_full:
-                finished = full.finish(full.state)
+                finished = full.finish(full.state, env.extra(max(zero_stages, default=None)))
             result = prune_actions(
                 goal,
                 finished,
@@ -313,7 +356,6 @@ def _solve(
             v.actions = [by_key[k] for k in wanted]
         for v in views:
             v.must_tile = list(dict.fromkeys(a.values for a in v.actions if a.group in must))
-        env = AxisEnvironment(views, axis, priority + 9, scorer)
         root = Node(tuple(v.state for v in views), False)
 
         def report(episode: int, seconds: float, best: float, _axis=axis) -> None:
@@ -338,6 +380,10 @@ def _solve(
             if all(axis in deep.prop.sharding(best.state[-1], v)[a.dim] for v in a.values)
             and not all(axis in deep.prop.sharding(deep.state, v)[a.dim] for v in a.values)
         ]
+        if best.zero is not None:
+            chosen.append(str(Stop(best.zero)))
+            for v in [full] + [v for v in views if v is not full]:
+                v.deferred += env.extra(best.zero)
         if proxy is None:
             calls += [actions[i].decisions(axis, priority + 9) for i in best.applied]
             full.state = best.state[0]
