@@ -123,6 +123,37 @@ def test_auto_reaches_fsdp_under_a_limit_only_zero_meets():
     assert any(c.startswith("zero(stage=") for a in plan.search["axes"] for c in a["chosen"])
 
 
+def test_a_zero_stop_is_its_own_state_scored_with_zero_applied():
+    goal = gpt_goal(schedule=[st.auto("batch"), st.auto("model")])
+    prop = goal.propagator
+    view = search_module.View(goal, find_groups(goal), prop.empty())
+    view.actions = compile_axis(goal, "batch", view.state, view.groups, 10).actions
+    scorer = search_module.Scorer(goal, [view], 1)
+    env = search_module.AxisEnvironment([view], "batch", 19, scorer, (3,))
+    root = search_module.Node((view.state,), False)
+    assert env.actions(root)[:2] == [search_module.STOP, search_module.Stop(3)]
+    plain, zero = (env.step(root, a) for a in env.actions(root)[:2])
+    assert env.key(plain) != env.key(zero) and zero.zero == 3
+    assert env.is_terminal(plain) and env.is_terminal(zero)
+    costs = [scorer.cost((view.state,), extra=env.extra(z)) for z in (None, 3)]
+    assert costs[1].argument_bytes < costs[0].argument_bytes  # ZeRO-3 tiles the params
+    # over a limit both miss, the reward follows memory: the ZeRO stop scores higher
+    goal.memory_limit = costs[1].peak_memory_bytes // 2
+    assert env.reward(zero) > env.reward(plain)
+
+
+def test_the_bound_with_shallow_copies_counts_the_zero_an_auto_axis_may_end_with():
+    # gpt small 2x4 auto at 140 MiB: the bound once took the copies' activations without
+    # ZeRO and declared "smallest possible 147.41 MiB", while the whole program's bound
+    # (with it) was 127.33 MiB and searched
+    args = gpt.example_args(abstract=True, preset="small")
+    goal = partir.Goal(gpt.train_step, args, {"data": 2, "model": 4}, device="tpu-v4",
+                       memory_limit="140MiB", schedule=[st.auto("data"), st.auto("model")],
+                       search=partir.Search(seed=0, episodes=20))  # fmt: skip
+    plan = partir.solve(goal, baselines=False)  # no InfeasibleMemory
+    assert plan.search["proxy"]["used"]
+
+
 def test_a_plan_the_shallow_copies_mispredict_is_searched_again_whole():
     # auto on mlp 1b 8x8: the 1- and 2-layer copies score `batch/y dim 1` on both axes
     # well, but the full program costs 3.2x their extrapolation; the whole program's own
@@ -135,12 +166,30 @@ def test_a_plan_the_shallow_copies_mispredict_is_searched_again_whole():
     proxy = plan.search["proxy"]
     assert not proxy["used"] and "their prediction" in proxy["reason"]
     assert plan.cost.step_time_s < proxy["rejected_plan_step_time_s"] / 2
+
     # where the copies predict the full program, their plan is kept
     small = partir.Goal(gpt.train_step, gpt.example_args(abstract=True, preset="small"),
                         {"batch": 2, "model": 4}, device="tpu-v4",
                         schedule=[st.batch("batch"), st.zero("batch", 3), st.megatron("model")])  # fmt: skip
     kept = partir.solve(small, baselines=False).search["proxy"]
     assert kept["used"] and kept["full_over_predicted"] == pytest.approx(1.0, rel=0.01)
+
+
+def test_ctrl_c_returns_the_plan_so_far_without_a_second_search(monkeypatch):
+    monkeypatch.setattr(search_module, "_mispredicted", lambda plan: "say it was")
+    pressed = []
+
+    def interrupt(axis, episode, seconds, best):
+        if axis == "b" and not pressed:
+            pressed.append(episode)
+            raise KeyboardInterrupt
+
+    args = gpt.example_args(abstract=True, preset="small")  # searched on shallow copies
+    goal = partir.Goal(gpt.train_step, args, {"a": 2, "b": 4}, device="tpu-v4",
+                       schedule=[st.batch("a"), st.auto("b")])  # fmt: skip
+    plan = partir.solve(goal, baselines=False, progress=interrupt)
+    assert pressed and plan.search["axes"][-1]["stop_reason"] == "interrupted"
+    assert plan.search["proxy"]["used"]
 
 
 def test_memory_limit_that_cannot_be_met_says_why():

@@ -31,7 +31,7 @@ from partir.solver.actions import Action, find_groups, useful_actions
 from partir.solver.plan import Plan, input_decisions
 from partir.solver.proxy import Proxy, extrapolate, make_proxy
 from partir.solver.prune import prune_actions
-from partir.strategies.base import FSDP, Auto, Zero
+from partir.strategies.base import Auto, Zero
 from partir.strategies.compile import (
     AxisProblem,
     compile_axis,
@@ -56,7 +56,9 @@ class Stop:
 
 
 STOP = Stop()
-AUTO_ZERO_STAGES = (1, 3)  # the ZeRO stages an `auto` axis may end with
+# the ZeRO stages an `auto` axis may end with: stage 1 gave the zoo the same shardings as 3
+# (the moments' tiling propagates into the parameters) for twice the evaluations
+AUTO_ZERO_STAGES = (3,)
 
 Deferred = tuple[tuple[int, Zero], ...]  # (priority, strategy), as AxisProblem.deferred
 
@@ -160,7 +162,7 @@ class Scorer:
         # the product of the sizes of the axes still to search: a plan's peak is held to the
         # limit times this, the most those axes can divide it by (see the module docstring)
         self.later = 1
-        self.cache: dict[tuple, float] = {}  # (states, extra deferred, later) -> reward
+        self.cache: dict[tuple, float] = {}  # (states, extra deferred) -> reward, per axis
         self.evaluations = 0
         self.explored: list[tuple[float, int]] = []  # (step time, peak memory) per plan
 
@@ -171,25 +173,22 @@ class Scorer:
         ]
         return extrapolate(costs, self.layers)
 
-    def metric(self, cost: Cost) -> float:
-        return metric(self.goal, cost)
-
     def __call__(self, states: tuple[State, ...], extra: Deferred = ()) -> float:
-        hit = self.cache.get((states, extra, self.later))
+        hit = self.cache.get((states, extra))
         if hit is None:
             self.evaluations += 1
             cost = self.cost(states, extra=extra)
             self.explored.append((cost.step_time_s, cost.peak_memory_bytes))
             hit = self.reward(cost)
-            self.cache[(states, extra, self.later)] = hit
+            self.cache[(states, extra)] = hit
         return hit
 
     def reward(self, cost: Cost) -> float:
         limit = self.goal.memory_limit
         if limit is not None and cost.peak_memory_bytes > limit * self.later:
             return 0.5 * limit * self.later / cost.peak_memory_bytes
-        ref = max(self.metric(self.reference), 1e-30)
-        speedup = ref / max(self.metric(cost), 1e-30)
+        ref = max(metric(self.goal, self.reference), 1e-30)
+        speedup = ref / max(metric(self.goal, cost), 1e-30)
         return min(1.0, 0.5 + 0.5 * math.log1p(speedup) / self.log_n)
 
 
@@ -239,36 +238,66 @@ def solve(
     baselines: bool = True,
 ) -> Plan:
     """Search the goal's schedule for a plan; the best so far on budget end or Ctrl-C."""
+    from partir.strategies.experts import expert_plans
+
     t0 = time.perf_counter()
     with paused_gc():
-        proxy, why = make_proxy(goal) if goal.search.proxy else (None, "switched off")
-        if proxy is not None:
-            try:
-                plan = _solve(goal, proxy, why, t0, progress, baselines)
-            except _ProxyMismatch as e:
-                proxy, why = None, str(e)
-            else:
-                off = plan.search["proxy"]["full_over_predicted"]
-                if off <= PROXY_TOLERANCE and plan.cost.fits:
-                    return plan
-                # the copies mispredicted the plan on the full program: search it whole
-                why = f"the plan of the shallow copies cost {off:.2f}x their prediction"
-                whole = _solve(goal, None, why, t0, progress, baselines)
-                whole.search["proxy"]["rejected_plan_step_time_s"] = plan.cost.step_time_s
-                return whole if _better(goal, whole.cost, plan.cost) else plan
-        return _solve(goal, None, why, t0, progress, baselines)
+        plan = _search(goal, t0, progress)
+        plan.search["seconds"] = time.perf_counter() - t0
+        if baselines:
+            plan.baselines = {"replicated": goal.cost_model.cost(goal.propagator.empty())}
+            plan.baselines.update({name: p.cost for name, p in expert_plans(goal).items()})
+    return plan
+
+
+def _search(goal: Goal, t0: float, progress) -> Plan:
+    """On the shallow copies where they stand in for the program (see proxy), else whole;
+    whole too when the copies mispredict their plan on the full program."""
+    proxy, why = make_proxy(goal) if goal.search.proxy else (None, "switched off")
+    if proxy is None:
+        return _solve(goal, None, why, progress, _seconds_left(goal, t0))
+    try:
+        plan = _solve(goal, proxy, why, progress, _seconds_left(goal, t0))
+    except _ProxyMismatch as e:
+        return _solve(goal, None, str(e), progress, _seconds_left(goal, t0))
+    why = _mispredicted(plan)
+    left = _seconds_left(goal, t0)
+    interrupted = any(a["stop_reason"] == "interrupted" for a in plan.search["axes"])
+    if why is None or interrupted or left == 0:
+        return plan
+    whole = _solve(goal, None, why, progress, left)
+    if _better(goal, whole.cost, plan.cost):
+        whole.search["proxy"]["rejected_plan_step_time_s"] = plan.cost.step_time_s
+        return whole
+    plan.search["proxy"]["whole_search"] = {"reason": why, "step_time_s": whole.cost.step_time_s}
+    return plan
+
+
+def _seconds_left(goal: Goal, t0: float) -> float | None:
+    """What is left of the goal's time budget (None: no budget)."""
+    if not goal.search.seconds:
+        return None
+    return max(goal.search.seconds - (time.perf_counter() - t0), 0.0)
+
+
+def _mispredicted(plan: Plan) -> str | None:
+    """Why the shallow copies' plan must be checked by a whole search, or None."""
+    proxy = plan.search["proxy"]
+    off = proxy["full_over_predicted"]
+    if off > PROXY_TOLERANCE:
+        return f"the shallow copies' plan cost {off:.2f}x their prediction on the full program"
+    if proxy["predicted_fits"] and not plan.cost.fits:
+        return "the shallow copies' plan fit the memory limit by their prediction, not in full"
+    return None
 
 
 def _solve(
     goal: Goal,
     proxy: Proxy | None,
     why: str,
-    t0: float,
     progress: Callable[[str, int, float, float], None] | None,
-    baselines: bool,
+    seconds: float | None,
 ) -> Plan:
-    from partir.strategies.experts import expert_plans
-
     on_full = Stopwatch()  # work on the full program while the views are searched
     with on_full:
         prog, prop, search = goal.program, goal.propagator, goal.search
@@ -293,7 +322,7 @@ def _solve(
     scorer = Scorer(goal, views, proxy.layers if proxy else 1)
     axes = schedule_axes(goal)
     records: list[AxisRecord] = []
-    per_axis_seconds = search.seconds / max(len(axes), 1) if search.seconds else None
+    per_axis_seconds = seconds / max(len(axes), 1) if seconds is not None else None
     per_axis_episodes = max(1, search.episodes // max(len(axes), 1)) if search.episodes else None
     for k, axis in enumerate(axes):
         priority = 10 * (k + 1)
@@ -319,20 +348,22 @@ def _solve(
             keys = {_key(deep.prop, a) for a in useful}
             actions = [a for a in problem.actions if _key(prop, a) in keys]
         scorer.later = math.prod(goal.mesh[a] for a in axes[k + 1 :])
+        scorer.cache.clear()  # rewards depend on the axis (later, the views' deferred stages)
         zero_stages = AUTO_ZERO_STAGES if _zero_may_help(scorer, views, problem) else ()
         env = AxisEnvironment(views, axis, priority + 9, scorer, zero_stages)
+        deepest = env.extra(max(zero_stages, default=None))
         pruned, must = 0, set()
         if search.prune == "cpsat" and actions and goal.memory_limit is not None:
             # bounded with the deferred ZeRO/FSDP stages applied: they tile the state later
             # (and with the deepest ZeRO the axis may end with: a bound must not exceed it)
             with on_full:
-                finished = full.finish(full.state, env.extra(max(zero_stages, default=None)))
+                finished = full.finish(full.state, deepest)
             result = prune_actions(
                 goal,
                 finished,
                 dataclasses.replace(problem, actions=actions),
                 priority + 9,
-                cost=scorer.cost(tuple(v.state for v in views)) if proxy else None,
+                cost=scorer.cost(tuple(v.state for v in views), extra=deepest) if proxy else None,
             )
             pruned = result.removed
             must = {a.group for a in actions if a.values in result.must_tile}
@@ -377,7 +408,7 @@ def _solve(
         ]
         if best.zero is not None:
             chosen.append(str(Stop(best.zero)))
-            for v in [full] + [v for v in views if v is not full]:
+            for v in views if proxy is None else [full, *views]:
                 v.deferred += env.extra(best.zero)
         if proxy is None:
             calls += [actions[i].decisions(axis, priority + 9) for i in best.applied]
@@ -418,14 +449,11 @@ def _solve(
     repropagated = alt is not None and _better(goal, alt.cost, plan.cost)
     if repropagated:
         plan = alt
-    seconds = time.perf_counter() - t0
-    if baselines:
-        plan.baselines = {"replicated": goal.cost_model.cost(prop.empty())}
-        plan.baselines.update({name: p.cost for name, p in expert_plans(goal).items()})
+    predicted = scorer.cost(tuple(v.state for v in views)) if proxy else None
     plan.search = {
         "seed": search.seed,
         "episodes": sum(r.episodes for r in records),
-        "seconds": seconds,
+        "seconds": None,  # set by solve
         # of `seconds`, the work on the full program outside the search: building its
         # propagator and cost model, replaying the decisions, costing the plan
         "full_program_seconds": on_full.seconds,
@@ -437,8 +465,8 @@ def _solve(
         "proxy": {
             "layers": proxy.layers,
             "used": True,
-            "full_over_predicted": scorer.metric(plan.cost)
-            / max(scorer.metric(scorer.cost(tuple(v.state for v in views))), 1e-30),
+            "full_over_predicted": metric(goal, plan.cost) / max(metric(goal, predicted), 1e-30),
+            "predicted_fits": predicted.fits,
         }
         if proxy
         else {"used": False, "reason": why},
@@ -453,10 +481,7 @@ def _zero_may_help(scorer: Scorer, views: list[View], problem: AxisProblem) -> b
     own, and memory matters there (the objective, or the axis's start is over the limit).
     ZeRO trades collectives for memory; offered on time alone it gained nothing on gpt
     small 2x4 and made the search 1.6x longer."""
-    strategies = problem.strategies
-    if not any(isinstance(s, Auto) for s in strategies) or any(
-        isinstance(s, Zero | FSDP) for s in strategies
-    ):
+    if problem.deferred or not any(isinstance(s, Auto) for s in problem.strategies):
         return False
     goal = scorer.goal
     if goal.objective == "memory":
