@@ -349,7 +349,7 @@ def _solve(
             actions = [a for a in problem.actions if _key(prop, a) in keys]
         scorer.later = math.prod(goal.mesh[a] for a in axes[k + 1 :])
         scorer.cache.clear()  # rewards depend on the axis (later, the views' deferred stages)
-        zero_stages = AUTO_ZERO_STAGES if _zero_may_help(scorer, views, problem) else ()
+        zero_stages = AUTO_ZERO_STAGES if _zero_may_help(scorer, problem) else ()
         env = AxisEnvironment(views, axis, priority + 9, scorer, zero_stages)
         deepest = env.extra(max(zero_stages, default=None))
         pruned, must = 0, set()
@@ -476,7 +476,7 @@ def _solve(
     return plan
 
 
-def _zero_may_help(scorer: Scorer, views: list[View], problem: AxisProblem) -> bool:
+def _zero_may_help(scorer: Scorer, problem: AxisProblem) -> bool:
     """Whether an axis may end with ZeRO (see Stop): searched with `auto` and no zero of its
     own, and memory matters there (the objective, or the axis's start is over the limit).
     ZeRO trades collectives for memory; offered on time alone it gained nothing on gpt
@@ -488,7 +488,7 @@ def _zero_may_help(scorer: Scorer, views: list[View], problem: AxisProblem) -> b
         return True
     if goal.memory_limit is None:
         return False
-    peak = scorer.cost(tuple(v.state for v in views)).peak_memory_bytes
+    peak = scorer.cost(tuple(v.state for v in scorer.views)).peak_memory_bytes
     return peak > goal.memory_limit * scorer.later
 
 

@@ -116,12 +116,9 @@ def compile_axis(
         return [d for d in dims_that_divide(prog.values[vid].shape, n) if not s[d]]
 
     def divisible_dims(vid: int) -> list[int]:
-        """Dims the axis divides, also those an earlier axis tiles (it then goes minor)."""
-        shape, s = prog.values[vid].shape, prop.sharding(state, vid)
-        if n == 1 or any(axis in axes for axes in s):
-            return []
-        tiles = [prop.size(axes) * n for axes in s]
-        return [d for d, (size, k) in enumerate(zip(shape, tiles)) if size >= k and size % k == 0]
+        """Dims the axis can tile, also those an earlier axis tiles (it then goes minor)."""
+        dims = range(len(prog.values[vid].shape)) if n > 1 else ()
+        return [d for d in dims if prop.can_apply(state, Decision(priority, vid, d, axis))]
 
     for k, s in enumerate(strategies):
         prio = priority + k
