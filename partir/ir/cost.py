@@ -164,10 +164,7 @@ class CostModel:
         self.bandwidth = device.axis_bandwidths(self.mesh)
         self._templates: dict[tuple, OpCost] = {}  # (op kind, shardings) -> its cost
         self._ways: dict[Sharding, int] = {}  # see _ways_of
-        ops = self.program.ops
-        self._operands = [  # per op, its operands' value ids (vids holds them, then results)
-            vids[: len(vids) - len(op.outputs)] for op, vids in zip(ops, propagator.vids)
-        ]
+        self._operands = propagator.operands
         self._init_liveness(donate)
         self.free = recomputable_values(self.program)
         self._kinds = self._op_kinds()  # see op_cost
@@ -263,13 +260,15 @@ class CostModel:
             (k, axes, n, None if r is None else (vids[r[0]],) + r[1:])
             for k, axes, n, r in template.collectives))  # fmt: skip
 
-    def _op_kinds(self) -> list[tuple]:
+    def _op_kinds(self) -> list[int]:
         """Per op, what its cost depends on besides the shardings: its propagation kind,
-        primitive, and per tensor the item size (negative for a free value)."""
+        primitive, and per tensor the item size (negative for a free value), numbered
+        (a small int hashes faster in the template keys)."""
         sizes = [-v.itemsize if k in self.free else v.itemsize
                  for k, v in enumerate(self.program.values)]  # fmt: skip
         size = sizes.__getitem__
-        return [(kind, op.primitive, tuple(map(size, vids)))
+        number: dict[tuple, int] = {}
+        return [number.setdefault((kind, op.primitive, tuple(map(size, vids))), len(number))
                 for op, kind, vids in zip(self.program.ops, self.prop.kinds, self.prop.vids)]  # fmt: skip
 
     def execution_shardings(self, i: int, state: State) -> dict[int, Sharding]:
@@ -409,17 +408,22 @@ class CostModel:
         colls: list[Collective] = []
         comm_bytes = 0
         reused: set[tuple] = set()
-        depth: dict[int, int] = {}  # value -> collectives on the longest chain before it
-        depth_of = depth.get
+        depth = [0] * len(self.program.values)  # collectives on the longest chain before
+        depth_of = depth.__getitem__
         combined: set[tuple] = set()  # (kind, axes, depth, multiplicity) seen
         deepest = 0
-        for op, operands in zip(self.program.ops, self._operands):
-            c = self.op_cost(op.index, state)
+        # op_cost inlined where the op's template needs no rebinding (most ops)
+        kinds, all_vids, templates = self._kinds, self.prop.vids, self._templates
+        sharding_of = state.shardings.get
+        for i, (op, operands) in enumerate(zip(self.program.ops, self._operands)):
+            c = templates.get((kinds[i], tuple(map(sharding_of, all_vids[i]))))
+            if c is None or (c.collectives and _moves_operands(c)):
+                c = self.op_cost(i, state)
             m = op.multiplicity
             if c.flops or c.bytes:
                 compute += m * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
                 flops_total += m * c.flops
-            level = max([depth_of(v, 0) for v in operands]) if deepest and operands else 0
+            level = max(map(depth_of, operands)) if deepest and operands else 0
             after = False  # the op's results wait for a collective (its own or a reused one)
             for kind, axes, nbytes, reuse in c.collectives:
                 after = True
@@ -472,6 +476,9 @@ def _source(op) -> str:
     return f"{op.primitive} (op {op.index}){where}"
 
 
+_MAY_BE_FREE = frozenset(("iota", "broadcast_in_dim", "convert_element_type", "copy"))
+
+
 def recomputable_values(program: Program) -> set[int]:
     """Values any device can make in any sharding without communication: constants
     broadcast from scalars, iotas, and pointwise ops of those (XLA rematerialises them
@@ -479,6 +486,8 @@ def recomputable_values(program: Program) -> set[int]:
     free: set[int] = set()
     vals = program.values
     for op in program.ops:
+        if op.primitive not in _MAY_BE_FREE:
+            continue
         ins = [v for v in op.inputs if v is not None]
         if (
             op.primitive == "iota"

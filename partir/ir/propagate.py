@@ -135,23 +135,30 @@ class Propagator:
         self._empty: dict[frozenset[int], State] = {}
         self.shapes = [v.shape for v in program.values]
         # per op: its tensors' value ids (operands, then results), and what its propagation
-        # depends on besides their shardings: the rule and which tensors are one value
+        # depends on besides their shardings: the rule and which tensors are one value,
+        # numbered (a small int hashes faster in the template keys)
         self.vids: list[tuple[int, ...]] = []
-        self.kinds: list[tuple] = []
+        self.operands: list[tuple[int, ...]] = []  # per op, the value ids it reads
+        self.kinds: list[int] = []
+        number: dict[tuple, int] = {}
         self.ops_of: list[list[int]] = [[] for _ in program.values]
         ops_of = self.ops_of
         for i, op in enumerate(program.ops):
             ins = op.inputs
-            vids = (tuple(v for v in ins if v is not None) if None in ins else ins) + op.outputs
+            if None in ins:  # a literal operand
+                ins = tuple(v for v in ins if v is not None)
+            vids = ins + op.outputs
+            self.operands.append(ins)
             self.vids.append(vids)
             if len(set(vids)) == len(vids):
-                self.kinds.append((id(op.rule), None))
+                kind = number.setdefault((id(op.rule), None), len(number))
                 for v in vids:
                     ops_of[v].append(i)
             else:  # which tensors are one value
-                self.kinds.append((id(op.rule), tuple(map(vids.index, vids))))
+                kind = number.setdefault((id(op.rule), tuple(map(vids.index, vids))), len(number))
                 for v in dict.fromkeys(vids):
                     ops_of[v].append(i)
+            self.kinds.append(kind)
         # (op kind, shardings, frozen tensors) -> updates by tensor position (see _updates)
         self._templates: dict[tuple, tuple] = {}
 
