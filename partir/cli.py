@@ -30,7 +30,12 @@ def _fake_devices(n: int) -> None:
 def _console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # a pipe or a log file: rich assumes 80 columns and would cut the plans' names and
+        # wrap the cost table's numbers; its widest rows fit in this many
+        console.width = 120
+    return console
 
 
 def _load(path: str):

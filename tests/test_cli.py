@@ -46,3 +46,16 @@ def test_memory_limit_that_cannot_be_met_exits_3(tmp_path, capsys):
     goal.write_text(pathlib.Path(MLP).read_text().replace("16GiB", "1KiB"))
     assert main(["solve", str(goal)]) == 3
     assert "smallest possible per-device memory" in capsys.readouterr().err
+
+
+def test_solve_text_in_a_pipe_keeps_names_and_numbers_whole(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["solve", MLP]) == 0
+    err = capsys.readouterr().err
+    rows = [line for line in err.splitlines() if line.startswith("│")]
+    assert any(row.split("│")[1].strip() == "replicated" for row in rows)
+    assert any(row.split("│")[1].strip() == "searched" for row in rows)
+    assert "…" not in err
+    # every cost row on one line: a step time and its unit side by side
+    steps = [row.split("│")[2].strip() for row in rows if row.split("│")[1].strip() == "searched"]
+    assert len(steps) == 1 and steps[0].split()[-1] in ("s", "ms", "us", "ns")
