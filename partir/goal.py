@@ -14,6 +14,7 @@ from partir.ir.devices import Device, get_device
 from partir.ir.heap import paused_gc
 from partir.ir.program import Program, trace
 from partir.ir.propagate import Propagator
+from partir.ir.specs import glob_match
 
 _UNITS = {
     "": 1, "B": 1,
@@ -104,7 +105,19 @@ class Goal:
     def propagator(self) -> Propagator:
         seed = constraint_decisions(self.program, self.mesh) if self.honour_constraints else []
         with paused_gc():
-            return Propagator(self.program, self.mesh, seed)
+            return Propagator(self.program, self.mesh, seed, self.replicated())
+
+    def replicated(self) -> dict[int, set[str]]:
+        """The axes the schedule's `replicate` statements keep off each input (value id)."""
+        from partir.strategies.base import Replicate
+
+        out: dict[int, set[str]] = {}
+        for s in self.schedule:
+            if isinstance(s, Replicate):
+                for path, vid in self.program.inputs.items():
+                    if glob_match(s.path, path):
+                        out.setdefault(vid, set()).add(s.axis)
+        return out
 
     @functools.cached_property
     def cost_model(self) -> CostModel:

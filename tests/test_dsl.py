@@ -336,6 +336,9 @@ PARSE_ERRORS = [
     ("axis batch { zero(stage=1, stage=2) }", "stage", "argument 'stage' is given twice", 1),
     ("axis batch { batch zero batch }", "batch",
      "'batch' is already in the block of axis 'batch' (line 4)", 2),
+    ("axis batch { batch zero megatron }", "megatron",
+     "batch tiles the data inputs on axis 'batch' and megatron keeps them whole there; put "
+     "data parallelism and megatron on different mesh axes"),
     ("axis batch { batch }\naxis batch { zero }", "batch",
      "a second block for axis 'batch' (the first is at line 4); put all of its strategies in "
      "one block", 2),

@@ -296,3 +296,53 @@ def test_json_round_trip():
     assert loose.specs == plan.specs
     assert loose.cost.step_time_s == pytest.approx(plan.cost.step_time_s)
     assert dict(plan.to_rules())["**/layers/*/attn/q"] == plan.specs["params/layers/0/attn/q"]
+
+
+def test_replicate_keeps_inputs_whole_on_its_axis_against_zero_and_propagation():
+    schedule = [st.batch("batch"), st.zero("batch", 3), st.megatron("model"),
+                st.replicate("params/**/scale", "batch"), st.replicate("params/embed", "batch")]  # fmt: skip
+    goal = gpt_goal(schedule=schedule)
+    plan = partir.solve(goal, baselines=False)
+    kept = [p for p in plan.specs if p.startswith("params/") and p.endswith("/scale")]
+    kept.append("params/embed")
+    assert len(kept) > 2
+    for path in kept:
+        assert "batch" not in jax.tree.leaves(tuple(plan.specs[path])), (path, plan.specs[path])
+    # ZeRO still tiles what replicate does not name: the embedding's moments, other params
+    assert "batch" in jax.tree.leaves(tuple(plan.specs["opt_state/0/mu/embed"]))
+    assert "batch" in jax.tree.leaves(tuple(plan.specs["params/unembed"]))
+    check_plan(goal, plan)
+
+
+def test_replicate_holds_on_an_auto_axis_that_ends_with_zero():
+    schedule = [st.auto("batch"), st.auto("model"), st.replicate("params/**", "model")]
+    goal = gpt_goal(schedule=schedule, objective="memory")
+    plan = partir.solve(goal, baselines=False)
+    params = [p for p in plan.specs if p.startswith("params/")]
+    assert params
+    for path in params:
+        assert "model" not in jax.tree.leaves(tuple(plan.specs[path])), (path, plan.specs[path])
+
+
+def test_a_plan_that_tiles_a_replicated_input_is_refused_and_experts_honour_replicate():
+    from jax.sharding import PartitionSpec as P
+
+    from partir.ir.specs import PlanError
+    from partir.strategies.experts import expert_plans
+
+    goal = gpt_goal(schedule=[st.replicate("params/**/scale", "batch")])
+    with pytest.raises(PlanError, match="replicate statement"):
+        partir.evaluate(goal, {"params/ln_f/scale": P("batch")})
+    plans = expert_plans(goal)
+    assert "BP+MP+Z3" in plans  # ZeRO-3 would tile every scale on batch: left whole instead
+    specs = plans["BP+MP+Z3"].specs
+    assert specs["params/ln_f/scale"] == P() or "batch" not in tuple(specs["params/ln_f/scale"])
+    assert "batch" in jax.tree.leaves(tuple(specs["params/unembed"]))
+
+
+def test_batch_and_megatron_on_one_axis_is_an_error_not_a_silent_drop():
+    from partir.ir.specs import PlanError
+
+    goal = gpt_goal({"x": 4}, schedule=[st.batch("x"), st.megatron("x")])
+    with pytest.raises(PlanError, match="different mesh axes"):
+        partir.solve(goal, baselines=False)

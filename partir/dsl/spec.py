@@ -26,6 +26,7 @@ from partir.ir.devices import Device
 from partir.ir.specs import did_you_mean
 from partir.strategies import CATALOG as STRATEGIES
 from partir.strategies import Replicate, Strategy, Tile, replicate, tile
+from partir.strategies.base import conflict
 
 OBJECTIVES = ("time", "memory", "comm")
 PRUNERS = {"cpsat": "cpsat", "none": None}
@@ -475,6 +476,9 @@ class _Builder:
                         f"(line {other.pos.line})",
                     )
             block.strategies.append(spec)
+            why = conflict([other.strategy for other in block.strategies])
+            if why is not None:
+                raise self.error(s.name.pos, why)
         if not block.strategies:
             self.notes.append(
                 self.source.note(

@@ -123,15 +123,22 @@ def _signature(primitive: str, ins: list, outs: list, params: dict) -> tuple | N
 class Propagator:
     """Applies decisions to states of one program on one mesh. `seed` decisions (the
     user's own sharding constraints) hold in every state, `empty()` included: they are
-    applied before anything else, so they win every conflict."""
+    applied before anything else, so they win every conflict. `blocked` values never take
+    the axes it names for them (the goal's `replicate` statements): a decision that would
+    is rejected, and propagation leaves those axes out."""
 
     def __init__(
-        self, program: Program, mesh: Mapping[str, int], seed: Iterable[Decision] = ()
+        self,
+        program: Program,
+        mesh: Mapping[str, int],
+        seed: Iterable[Decision] = (),
+        blocked: Mapping[int, Iterable[str]] | None = None,
     ) -> None:
         attach_rules(program)
         self.program = program
         self.mesh = dict(mesh)
         self.seed = list(seed)
+        self.blocked = {v: frozenset(axes) for v, axes in (blocked or {}).items() if axes}
         self._empty: dict[frozenset[int], State] = {}
         self.shapes = [v.shape for v in program.values]
         # per op: its tensors' value ids (operands, then results), and what its propagation
@@ -159,6 +166,8 @@ class Propagator:
                 for v in dict.fromkeys(vids):
                     ops_of[v].append(i)
             self.kinds.append(kind)
+        # ops with a blocked tensor: their template keys name the blocked axes too
+        self._blocked_ops = {i for v in self.blocked for i in ops_of[v]}
         # (op kind, shardings, frozen tensors) -> updates by tensor position (see _updates)
         self._templates: dict[tuple, tuple] = {}
 
@@ -193,7 +202,7 @@ class Propagator:
         if not 0 <= d.dim < len(shape) or d.axis not in self.mesh:
             return False
         s = self.sharding(state, d.value)
-        if any(d.axis in axes for axes in s):
+        if any(d.axis in axes for axes in s) or d.axis in self.blocked.get(d.value, ()):
             return False
         return shape[d.dim] % self.size(s[d.dim] + (d.axis,)) == 0
 
@@ -274,6 +283,8 @@ class Propagator:
         vids = self.vids[i]
         current = tuple(map(shardings.get, vids))
         held = tuple(v in frozen for v in vids) if frozen else None
+        if i in self._blocked_ops:
+            held = (held, tuple(map(self.blocked.get, vids)))
         key = (self.kinds[i], current, held)
         template = self._templates.get(key)
         if template is None:
@@ -321,12 +332,13 @@ class Propagator:
             old = shardings.get(v) or ((),) * len(dims)
             new = list(old)
             shape = self.shapes[v]
+            blocked = self.blocked.get(v, frozenset())
             for d, fs in enumerate(dims):
                 target = join_axes(fs, factor_axes, sizes, mesh)
                 cur = new[d]
                 if len(target) <= len(cur) or target[: len(cur)] != cur:
                     continue
-                used = {a for axes in new for a in axes}
+                used = {a for axes in new for a in axes} | blocked
                 extra = target[len(cur) :]
                 for k in range(len(extra), 0, -1):
                     cand = cur + extra[:k]

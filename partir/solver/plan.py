@@ -341,19 +341,27 @@ def make_plan(goal: Goal, specs: Specs, *, strict: bool = True) -> Plan:
     (a schedule: `[batch_rules, megatron_rules, zero_rules]`); for a path that several
     dicts match, the later dicts add their axes to the earlier ones' dims. With `strict`,
     a rule that matches no input is an error (rule lists written for a model family, like
-    the expert plans, pass `strict=False`)."""
+    the expert plans, pass `strict=False`), and so is tiling an input on an axis that a
+    `replicate` statement of the goal keeps it whole on (without `strict`, those tilings
+    are left out: an expert plan then honours the goal's replicate statements)."""
     prog, prop = goal.program, goal.propagator
     stages = [specs] if isinstance(specs, Mapping) else list(specs)
     decisions = []
     for k, stage in enumerate(stages):
         decisions += input_decisions(goal, stage, priority=2 * k, strict=strict)
+    if not strict:
+        decisions = [d for d in decisions if d.axis not in prop.blocked.get(d.value, ())]
     with paused_gc():
         state, rejected = prop.apply_all(prop.empty(frozen=prog.inputs.values()), decisions)
     if rejected:
         d = rejected[0]
+        why = (
+            "a replicate statement of the goal keeps it whole on that axis"
+            if d.axis in prop.blocked.get(d.value, ())
+            else "the axis is already used on this input, or the dim size does not divide"
+        )
         raise PlanError(
-            f"{prog.input_paths[d.value]}: cannot tile dim {d.dim} on {d.axis!r} "
-            f"(the axis is already used on this input, or the dim size does not divide)"
+            f"{prog.input_paths[d.value]}: cannot tile dim {d.dim} on {d.axis!r} ({why})"
         )
     with paused_gc():
         return Plan(goal, state, goal.cost_model.cost(state))

@@ -312,9 +312,10 @@ def _solve(
         full.state, rejected = prop.apply_all(full.state, calls[-1])
     if rejected:
         d = rejected[0]
+        other = "a replicate" if d.axis in prop.blocked.get(d.value, ()) else "another tile"
         raise PlanError(
             f"tile {prog.input_paths[d.value]} dim {d.dim} on {d.axis!r} conflicts with "
-            "another tile statement"
+            f"{other} statement"
         )
     if proxy is not None:
         for v in views:

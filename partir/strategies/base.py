@@ -75,6 +75,18 @@ class Replicate(Strategy):
     path: str = ""
 
 
+def conflict(strategies: list[Strategy]) -> str | None:
+    """Why strategies that share one mesh axis contradict each other, or None."""
+    megatron = next((s for s in strategies if isinstance(s, Megatron)), None)
+    data = next((s for s in strategies if isinstance(s, Batch | FSDP)), None)
+    if megatron is not None and data is not None:
+        return (
+            f"{data.name} tiles the data inputs on axis {megatron.axis!r} and megatron keeps "
+            "them whole there; put data parallelism and megatron on different mesh axes"
+        )
+    return None
+
+
 def batch(axis: str, inputs: tuple[str, ...] | list[str] | None = None) -> Batch:
     return Batch(axis, tuple(inputs) if inputs is not None else None)
 

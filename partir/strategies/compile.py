@@ -44,6 +44,7 @@ from partir.strategies.base import (
     Strategy,
     Tile,
     Zero,
+    conflict,
 )
 
 MANUAL_PRIORITY = -1
@@ -104,6 +105,9 @@ def compile_axis(
     prog, prop = goal.program, goal.propagator
     n = goal.mesh[axis]
     strategies = [s for s in goal.schedule if s.axis == axis]
+    why = conflict(strategies)
+    if why is not None:
+        raise PlanError(why)
     required: list[Decision] = []
     actions: list[Action] = []
     forbidden: set[int] = set()
