@@ -27,6 +27,17 @@ def _fake_devices(n: int) -> None:
         pass
 
 
+def _positive_seconds(text: str) -> float:
+    """argparse type of --seconds: a positive, finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
 def _console():
     from rich.console import Console
 
@@ -249,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rules", help="write the plan as a partition-rule list (.py or .json)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     s.add_argument("--seed", type=int)
-    s.add_argument("--seconds", type=float, help="cap the search time")
+    s.add_argument("--seconds", type=_positive_seconds, help="cap the search time")
     s.add_argument("--no-prune", action="store_true", help="skip the CP-SAT pruning pass")
     s.set_defaults(fn=cmd_solve)
     c = sub.add_parser("check", help="parse, resolve and trace a goal file; search nothing")

@@ -36,7 +36,10 @@ def parse_bytes(x: int | float | str | None) -> int | None:
 @dataclasses.dataclass(frozen=True)
 class Search:
     """Search budget and options. With no `episodes` or `seconds`, the search stops by
-    itself once it converges; `seconds` caps it."""
+    itself once it converges; `seconds` caps it. The axes share both budgets, an axis
+    leaving what it did not use to the later ones. When the shallow copies of a deep model
+    mispredict their plan (see solver/proxy), the whole program is searched within what is
+    left of `seconds`, with `episodes` of its own; `plan.search["episodes"]` counts both."""
 
     seconds: float | None = None
     episodes: int | None = None
@@ -46,6 +49,25 @@ class Search:
     patience: int = 200
     uct_c: float = 1.4
     proxy: bool = True  # search a deep model on its 1- and 2-layer copies (solver/proxy)
+
+    def __post_init__(self) -> None:
+        if self.seconds is not None and not 0 < self.seconds < float("inf"):
+            raise ValueError(
+                f"seconds must be a positive number, not {self.seconds!r} (None: no time cap)"
+            )
+        if self.episodes is not None and (
+            isinstance(self.episodes, bool)
+            or not isinstance(self.episodes, int)
+            or self.episodes < 1
+        ):
+            raise ValueError(
+                f"episodes must be a whole number >= 1, not {self.episodes!r} (None: until "
+                "the search converges)"
+            )
+        if self.prune not in (None, "cpsat"):
+            raise ValueError(f"prune must be 'cpsat' or None, not {self.prune!r}")
+        if self.rollout not in ("random", "greedy"):
+            raise ValueError(f"rollout must be 'random' or 'greedy', not {self.rollout!r}")
 
 
 class Goal:

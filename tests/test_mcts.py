@@ -337,6 +337,14 @@ def test_interrupt_before_any_reward():
     assert (res.best_state, res.best_reward, res.curve) == (None, -math.inf, [])
 
 
+def test_interrupt_in_the_last_progress_report_still_returns_the_result():
+    def progress(episode, seconds, best):
+        raise KeyboardInterrupt
+
+    res = search(trap(0), (), progress=progress)  # a terminal root: the last report is the only one
+    assert res.stop_reason == "interrupted" and res.best_reward == 1.0
+
+
 def test_terminal_root_is_returned():
     res = search(trap(0), ())
     assert (res.best_state, res.best_reward, res.episodes, res.nodes) == ((), 1.0, 0, 1)

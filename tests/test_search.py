@@ -346,3 +346,56 @@ def test_batch_and_megatron_on_one_axis_is_an_error_not_a_silent_drop():
     goal = gpt_goal({"x": 4}, schedule=[st.batch("x"), st.megatron("x")])
     with pytest.raises(PlanError, match="different mesh axes"):
         partir.solve(goal, baselines=False)
+
+
+@pytest.mark.parametrize("kw", [{"episodes": 0}, {"episodes": -3}, {"episodes": 2.5},
+                                {"seconds": 0}, {"seconds": -1}, {"seconds": float("nan")},
+                                {"seconds": float("inf")}, {"prune": "sat"}])  # fmt: skip
+def test_a_search_budget_that_means_nothing_is_refused(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        partir.Search(**kw)
+
+
+def test_the_episode_budget_is_shared_by_the_axes_and_never_exceeded():
+    goal = gpt_goal(schedule=[st.auto("batch"), st.auto("model")])
+    goal.search = partir.Search(seed=0, episodes=1)
+    plan = partir.solve(goal, baselines=False)
+    assert plan.search["episodes"] == 1  # was one per axis: 2
+    # an axis with nothing to choose (batch: its decisions are required) leaves its share
+    # to the next one
+    goal = gpt_goal()
+    goal.search = partir.Search(seed=0, episodes=8)
+    plan = partir.solve(goal, baselines=False)
+    batch, model = plan.search["axes"]
+    assert batch["episodes"] == 0
+    assert model["episodes"] == 8 or model["stop_reason"] == "exhausted"
+
+
+def test_the_whole_search_after_a_misprediction_is_counted_in_the_episodes():
+    preset, overrides = REALISTIC["mlp"]
+    args = mlp.example_args(abstract=True, preset=preset, **dict(overrides))
+    goal = partir.Goal(mlp.train_step, args, {"batch": 8, "model": 8}, device="tpu-v4",
+                       memory_limit="32GiB",
+                       schedule=[st.auto("batch"), st.auto("model")],
+                       search=partir.Search(seed=0, episodes=40))  # fmt: skip
+    plan = partir.solve(goal, baselines=False)
+    proxy = plan.search["proxy"]
+    assert "episodes_on_whole" in proxy  # the copies mispredicted (as in the test above)
+    assert proxy["episodes_on_copies"] + proxy["episodes_on_whole"] == plan.search["episodes"]
+    assert proxy["episodes_on_copies"] <= 40 and proxy["episodes_on_whole"] <= 40
+    assert plan.cost.step_time_s < proxy["rejected_plan_step_time_s"] / 2
+
+
+def test_comm_rewards_tell_plans_apart_by_their_bytes():
+    # the replicated plan moves no bytes: as the reference it made every plan's "speedup"
+    # about 1e-6, and the rewards of all plans that fit agreed to 6 decimals
+    from jax.sharding import PartitionSpec as P
+
+    goal = gpt_goal(schedule=[st.auto("batch"), st.auto("model")], objective="comm")
+    view = search_module.View(goal, find_groups(goal), goal.propagator.empty())
+    scorer = search_module.Scorer(goal, [view], 1)
+    bp = partir.evaluate(goal, {"batch/*": P("batch")})
+    bp_mp = partir.evaluate(goal, {"batch/*": P("batch"), "params/**/mlp/w_in": P(None, "model")})
+    assert 0 < bp.comm_bytes < bp_mp.comm_bytes
+    assert scorer.reward(bp) - scorer.reward(bp_mp) > 0.01
+    assert 0.5 < scorer.reward(bp_mp) < scorer.reward(bp) <= 1.0

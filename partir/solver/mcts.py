@@ -482,7 +482,10 @@ def search(
 
     seconds_used = run.elapsed()
     if progress is not None:
-        progress(run.episode, seconds_used, run.best_reward)
+        try:
+            progress(run.episode, seconds_used, run.best_reward)
+        except KeyboardInterrupt:  # Ctrl-C during the last report: the result still stands
+            stop = "interrupted"
     episode_to_best, seconds_to_best = run.curve[-1][:2] if run.curve else (0, 0.0)
     return SearchResult(
         best_state=run.best_state,

@@ -3,8 +3,9 @@ actions each axis allows (the incremental search of the PartIR paper).
 
 Reward (higher is better, in (0, 1]): a plan within the memory limit scores
 `0.5 + 0.5 * log(1 + s) / log(1 + N)`, where `s` is its speedup over the replicated plan
-in the goal's objective (step time, peak memory, or communicated bytes) and N the number
-of devices; a plan over the limit scores `0.5 * limit / peak` < 0.5. So every plan that
+in the goal's objective (step time, peak memory; for communicated bytes, which the
+replicated plan has none of, the replicated plan's argument bytes over the plan's bytes)
+and N the number of devices; a plan over the limit scores `0.5 * limit / peak` < 0.5. So every plan that
 fits beats every plan that does not, and among those that do not, less memory is better —
 the search is pulled towards feasibility instead of seeing a cliff, and the log spreads
 speedups up to N evenly over the reward range that UCT compares. While later axes are still
@@ -16,6 +17,7 @@ limit, every plan of an early axis is over it, and that axis only minimised memo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -187,9 +189,19 @@ class Scorer:
         limit = self.goal.memory_limit
         if limit is not None and cost.peak_memory_bytes > limit * self.later:
             return 0.5 * limit * self.later / cost.peak_memory_bytes
-        ref = max(metric(self.goal, self.reference), 1e-30)
-        speedup = ref / max(metric(self.goal, cost), 1e-30)
+        speedup = self.scale / max(metric(self.goal, cost), 1e-30)
         return min(1.0, 0.5 + 0.5 * math.log1p(speedup) / self.log_n)
+
+    @functools.cached_property
+    def scale(self) -> float:
+        """What a plan's metric is divided by: the replicated plan's. For `comm` that is
+        nothing (the replicated plan moves no bytes), and every plan would score alike
+        within a millionth: there, the replicated plan's argument bytes, which a plan that
+        moves each argument about once matches."""
+        ref = self.reference
+        if self.goal.objective == "comm":
+            return max(float(ref.argument_bytes), 1.0)
+        return max(metric(self.goal, ref), 1e-30)
 
 
 @dataclasses.dataclass
@@ -253,23 +265,31 @@ def solve(
 def _search(goal: Goal, t0: float, progress) -> Plan:
     """On the shallow copies where they stand in for the program (see proxy), else whole;
     whole too when the copies mispredict their plan on the full program."""
+    episodes = goal.search.episodes
     proxy, why = make_proxy(goal) if goal.search.proxy else (None, "switched off")
     if proxy is None:
-        return _solve(goal, None, why, progress, _seconds_left(goal, t0))
+        return _solve(goal, None, why, progress, _seconds_left(goal, t0), episodes)
     try:
-        plan = _solve(goal, proxy, why, progress, _seconds_left(goal, t0))
+        plan = _solve(goal, proxy, why, progress, _seconds_left(goal, t0), episodes)
     except _ProxyMismatch as e:
-        return _solve(goal, None, str(e), progress, _seconds_left(goal, t0))
+        return _solve(goal, None, str(e), progress, _seconds_left(goal, t0), episodes)
     why = _mispredicted(plan)
     left = _seconds_left(goal, t0)
     interrupted = any(a["stop_reason"] == "interrupted" for a in plan.search["axes"])
     if why is None or interrupted or left == 0:
         return plan
-    whole = _solve(goal, None, why, progress, left)
+    # within what is left of `seconds`, but with `episodes` of its own: the copies' search
+    # may have spent them all on a plan now known to be off by 1.25x or more
+    whole = _solve(goal, None, why, progress, left, episodes)
+    spent = {"episodes_on_copies": plan.search["episodes"],
+             "episodes_on_whole": whole.search["episodes"]}  # fmt: skip
     if _better(goal, whole.cost, plan.cost):
-        whole.search["proxy"]["rejected_plan_step_time_s"] = plan.cost.step_time_s
-        return whole
-    plan.search["proxy"]["whole_search"] = {"reason": why, "step_time_s": whole.cost.step_time_s}
+        whole.search["proxy"].update(spent, rejected_plan_step_time_s=plan.cost.step_time_s)
+        plan = whole
+    else:
+        whole_search = {"reason": why, "step_time_s": whole.cost.step_time_s}
+        plan.search["proxy"].update(spent, whole_search=whole_search)
+    plan.search["episodes"] = sum(spent.values())  # both searches (axes: the kept one's)
     return plan
 
 
@@ -297,7 +317,11 @@ def _solve(
     why: str,
     progress: Callable[[str, int, float, float], None] | None,
     seconds: float | None,
+    episodes: int | None,
 ) -> Plan:
+    """One search of the schedule within `seconds` and `episodes` (None: no cap), on the
+    shallow copies when `proxy` is given, else on the whole program."""
+    start = time.perf_counter()
     on_full = Stopwatch()  # work on the full program while the views are searched
     with on_full:
         prog, prop, search = goal.program, goal.propagator, goal.search
@@ -323,8 +347,6 @@ def _solve(
     scorer = Scorer(goal, views, proxy.layers if proxy else 1)
     axes = schedule_axes(goal)
     records: list[AxisRecord] = []
-    per_axis_seconds = seconds / max(len(axes), 1) if seconds is not None else None
-    per_axis_episodes = max(1, search.episodes // max(len(axes), 1)) if search.episodes else None
     for k, axis in enumerate(axes):
         priority = 10 * (k + 1)
         with on_full:
@@ -389,11 +411,19 @@ def _solve(
             if progress:
                 progress(_axis, episode, seconds, best)
 
+        # what is left of the budgets, shared by the axes still to search: an axis that
+        # needs less (nothing to choose, or converged) leaves the rest to the later ones
+        axes_left = len(axes) - k
+        axis_episodes = axis_seconds = None
+        if episodes is not None:
+            axis_episodes = -(-max(episodes - sum(r.episodes for r in records), 0) // axes_left)
+        if seconds is not None:
+            axis_seconds = max(seconds - (time.perf_counter() - start), 0.0) / axes_left
         result = mcts.search(
             env,
             root,
-            episodes=per_axis_episodes,
-            seconds=per_axis_seconds,
+            episodes=axis_episodes,
+            seconds=axis_seconds,
             patience=search.patience,
             uct_c=search.uct_c,
             seed=search.seed + k,
