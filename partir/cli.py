@@ -289,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from partir.dsl import GoalError
+    from partir.ir.program import TraceError
     from partir.ir.specs import PlanError
     from partir.solver.prune import InfeasibleMemory
 
@@ -299,6 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except (PlanError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except TraceError as err:
+        where = f"{args.goal}: " if getattr(args, "goal", None) else ""
+        print(f"{where}error: {err}; check the program and inputs statements", file=sys.stderr)
         return EXIT_BAD_INPUT
     except InfeasibleMemory as err:
         print(f"error: {err}", file=sys.stderr)

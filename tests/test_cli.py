@@ -59,3 +59,51 @@ def test_solve_text_in_a_pipe_keeps_names_and_numbers_whole(capsys, monkeypatch)
     # every cost row on one line: a step time and its unit side by side
     steps = [row.split("│")[2].strip() for row in rows if row.split("│")[1].strip() == "searched"]
     assert len(steps) == 1 and steps[0].split()[-1] in ("s", "ms", "us", "ns")
+
+
+def test_a_damaged_or_foreign_plan_file_exits_2_with_a_reason(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    assert main(["solve", MLP, "--json", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    text = plan.read_text()
+    record = json.loads(text)
+    other_mesh = pathlib.Path(MLP).read_text().replace("model=4", "model=2")
+    assert other_mesh != pathlib.Path(MLP).read_text()
+    (tmp_path / "other.partir").write_text(other_mesh)
+    nope = json.loads(text)
+    nope["decisions"] = [[[p, d, "nope", pr, po] for p, d, _, pr, po in call]
+                         for call in record["decisions"]]  # fmt: skip
+    cases = {
+        "truncated": (text[: len(text) // 2], MLP, "it is not JSON"),
+        "a list": ("[1, 2]", MLP, "format is 'list'"),
+        "no specs": (json.dumps({"format": record["format"], "mesh": record["mesh"]}), MLP,
+                     "damaged"),
+        "unknown axis": (json.dumps(nope), MLP, "on axis 'nope'"),
+        "other mesh": (text, str(tmp_path / "other.partir"), "solve the goal again"),
+    }  # fmt: skip
+    for name, (content, goal, reason) in cases.items():
+        bad = tmp_path / f"{name}.json"
+        bad.write_text(content)
+        for command in ("explain", "verify"):
+            assert main([command, goal, str(bad)]) == 2, (name, command)
+            err = capsys.readouterr().err
+            assert reason in err and "Traceback" not in err, (name, command, err)
+
+
+def test_a_mesh_axis_that_divides_no_batch_exits_2(tmp_path, capsys):
+    goal = tmp_path / "three.partir"
+    goal.write_text(pathlib.Path(MLP).read_text().replace("batch=2", "batch=3"))
+    assert main(["solve", str(goal)]) == 2
+    err = capsys.readouterr().err
+    assert "can tile no data input" in err and "Traceback" not in err
+
+
+def test_a_program_that_fails_to_trace_exits_2_naming_the_error(tmp_path, capsys):
+    goal = tmp_path / "mixed.partir"
+    text = pathlib.Path(MLP).read_text().replace(
+        '"partir.models.mlp:train_step"', '"partir.models.gpt:train_step"')  # fmt: skip
+    goal.write_text(text)
+    for command in ("check", "solve"):
+        assert main([command, str(goal)]) == 2
+        err = capsys.readouterr().err
+        assert f"{goal}: error: tracing train_step" in err and "Traceback" not in err

@@ -485,6 +485,13 @@ def test_notes_not_warnings():
     assert spec.notes == []
     goal = load_goal_text(TINY + "axis batch { batch }", base_dir=GOALS)
     assert len(goal.notes) == 1 and "mesh axis 'model' has no axis block" in goal.notes[0]
+    # a device but no memory statement: its HBM is not a limit, and the note says so
+    spec = parse('program "m:f" inputs "m:g" mesh a=2 tile "x" dim 0 on a\ndevice "h100"',
+                 "h.partir")  # fmt: skip
+    assert spec.notes == [
+        "h.partir:2:1: note: no memory statement: plans are not held to a memory limit, not "
+        "even the HBM of device 'h100' (80 GB); add `memory <= 80GB` to hold them to it"
+    ]
 
 
 # ---------------------------------------------------------------------- syntax errors
@@ -585,6 +592,20 @@ def test_compile_errors(case):
     err = load_error(text)
     assert err.message == message
     assert (err.line, err.column) == in_tail(tail, token), str(err)
+
+
+@pytest.mark.parametrize("tail, message", [
+    ('tile "params/embed" dim 0 on model\ntile "params/embed" dim 1 on model',
+     f"'params/embed' is already tiled on 'model' along dim 0 (line {TINY_LINES + 1}); a mesh "
+     "axis tiles one dim of an input"),
+    ('replicate "params/embed" on model\ntile "params/**" dim 1 on model',
+     f"'params/embed' is both tiled and replicated on 'model' (the replicate statement is at "
+     f"line {TINY_LINES + 1}); keep one of them"),
+])  # fmt: skip
+def test_manual_statements_that_contradict_each_other(tail, message):
+    err = load_error(TINY + tail)
+    assert err.message == message
+    assert (err.line, err.column) == in_tail(tail, "model", nth=1)
 
 
 ENTRY_ERRORS = [

@@ -399,3 +399,15 @@ def test_comm_rewards_tell_plans_apart_by_their_bytes():
     assert 0 < bp.comm_bytes < bp_mp.comm_bytes
     assert scorer.reward(bp) - scorer.reward(bp_mp) > 0.01
     assert 0.5 < scorer.reward(bp_mp) < scorer.reward(bp) <= 1.0
+
+
+def test_batch_on_an_axis_that_divides_no_batch_is_an_error_that_says_so():
+    from partir.ir.specs import PlanError
+
+    goal = gpt_goal({"batch": 3, "model": 4})  # the batch is 64
+    with pytest.raises(PlanError, match=r"size 3\) can tile no data input: .*batch/tokens 64"):
+        partir.solve(goal, baselines=False)
+    # 4 x 32 over one batch of 64: the second axis finds it split 4 ways already
+    goal = gpt_goal({"a": 4, "b": 32}, schedule=[st.batch("a"), st.fsdp("b")])
+    with pytest.raises(PlanError, match="already split 4 ways"):
+        partir.solve(goal, baselines=False)

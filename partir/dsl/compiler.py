@@ -17,11 +17,11 @@ import jax
 import numpy as np
 
 from partir.dsl.errors import GoalError, Pos
-from partir.dsl.spec import EntryPoint, GoalSpec, parse
+from partir.dsl.spec import EntryPoint, GoalSpec, ManualSpec, parse
 from partir.goal import Goal
 from partir.ir.program import arg_names, path_str
 from partir.ir.specs import did_you_mean, glob_match
-from partir.strategies import Batch, Tile
+from partir.strategies import Batch, Replicate, Tile
 
 
 def load_goal(path: str | os.PathLike) -> Goal:
@@ -208,11 +208,15 @@ def _no_match(pattern: str, shapes: dict[str, tuple[int, ...]]) -> str:
 
 
 def _check_manual(spec: GoalSpec, shapes: dict[str, tuple[int, ...]]) -> None:
+    seen: dict[tuple[str, str], ManualSpec] = {}  # (input, axis) -> the first statement on it
     for m in spec.manual:
         s = m.strategy
         matched = _matching(s.path, shapes)
         if not matched:
             raise spec.error(m.path_pos, _no_match(s.path, shapes))
+        for path in matched:
+            first = seen.setdefault((path, s.axis), m)
+            _check_manual_pair(spec, path, first, m)
         if not isinstance(s, Tile):
             continue
         size = spec.mesh[s.axis]
@@ -232,6 +236,24 @@ def _check_manual(spec: GoalSpec, shapes: dict[str, tuple[int, ...]]) -> None:
                     f"mesh axis '{s.axis}' (size {size}) does not divide dim {s.dim} of "
                     f"'{path}' (size {shape[s.dim]}, shape {shape})",
                 )
+
+
+def _check_manual_pair(spec: GoalSpec, path: str, first: ManualSpec, m: ManualSpec) -> None:
+    """`m` against the first tile/replicate statement on the same input and axis."""
+    a, b = first.strategy, m.strategy
+    if first is m or (isinstance(a, Tile) and isinstance(b, Tile) and a.dim == b.dim):
+        return
+    line = first.path_pos.line
+    if isinstance(a, Tile) and isinstance(b, Tile):
+        why = (f"'{path}' is already tiled on '{b.axis}' along dim {a.dim} (line {line}); "
+               "a mesh axis tiles one dim of an input")  # fmt: skip
+    elif isinstance(b, Replicate) and isinstance(a, Replicate):
+        return
+    else:
+        other = "tile" if isinstance(a, Tile) else "replicate"
+        why = (f"'{path}' is both tiled and replicated on '{b.axis}' (the {other} statement "
+               f"is at line {line}); keep one of them")  # fmt: skip
+    raise spec.error(m.axis_pos, why)
 
 
 def _check_batch_inputs(spec: GoalSpec, shapes: dict[str, tuple[int, ...]]) -> None:

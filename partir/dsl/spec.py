@@ -241,6 +241,15 @@ class _Builder:
 
     def _check_memory(self, device: Device | None) -> None:
         d = device or DEVICES["cpu"]
+        if self.memory is None and device is not None:
+            self.notes.append(
+                self.source.note(
+                    self.seen["device"],
+                    f"no memory statement: plans are not held to a memory limit, not even "
+                    f"the HBM of device '{d.name}' ({_gib(d.hbm)}); add `memory <= "
+                    f"{_gib(d.hbm).replace(' ', '')}` to hold them to it",
+                )
+            )
         if self.memory is not None and self.memory > d.hbm:
             self.notes.append(
                 self.source.note(
@@ -650,7 +659,13 @@ def _show(value: Any) -> str:
 
 def _gib(n: int) -> str:
     """A byte count in the unit that writes it best: 32 GiB, 80 GB, 41.2 GiB."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("TB", 10**12), ("GB", 10**9)):
+    units = (("TiB", 2**40), ("GiB", 2**30), ("TB", 10**12), ("GB", 10**9), ("MiB", 2**20),
+             ("MB", 10**6), ("KiB", 2**10), ("KB", 10**3))  # fmt: skip
+    if n < 2**30:
+        for unit, size in units[4:]:
+            if n >= size and n % size == 0:
+                return f"{n // size} {unit}"
+    for unit, size in units[:4]:
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
     return f"{n / 2**30:.1f} GiB"

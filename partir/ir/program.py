@@ -424,6 +424,10 @@ def _join_scope(outer: str, eqn: Any) -> str:
     return "/".join(parts)
 
 
+class TraceError(ValueError):
+    """The function could not be traced on its arguments (its own error, or JAX's)."""
+
+
 def trace(fn: Callable, args: Sequence[Any], *, names: Sequence[str] | None = None) -> Program:
     """Trace `fn(*args)` without allocating anything and flatten it into a `Program`.
 
@@ -432,14 +436,20 @@ def trace(fn: Callable, args: Sequence[Any], *, names: Sequence[str] | None = No
     """
     args = tuple(args)
     abstract = jax.tree_util.tree_map(abstractify, args)
-    closed = jax.make_jaxpr(fn)(*abstract)
+    try:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
+    except Exception as e:  # the user's function (or its arguments) fails under JAX
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise TraceError(
+            f"tracing {name} on the given arguments failed: {type(e).__name__}: {first}"
+        ) from e
     arg_names_ = tuple(names) if names is not None else arg_names(fn, len(args))
     in_paths = []
     for i, arg in enumerate(abstract):
         leaves, _ = jax.tree_util.tree_flatten_with_path(arg)
         in_paths += leaf_paths(arg_names_[i], [kp for kp, _ in leaves])
     in_tree = jax.tree_util.tree_structure(abstract)
-    out_shape = jax.eval_shape(fn, *abstract)
     out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     out_paths = leaf_paths("out", [kp for kp, _ in out_leaves])
 

@@ -144,10 +144,32 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, goal: Goal | None = None) -> Plan:
-        """Read a `partir-plan/1` file; with `goal`, the plan is re-propagated on it."""
-        d = json.loads(text)
-        if d.get("format") != FORMAT:
-            raise PlanError(f"not a {FORMAT} file (format is {d.get('format')!r})")
+        """Read a `partir-plan/1` file; with `goal`, the plan is re-propagated on it (a plan
+        for another mesh is refused)."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"not a {FORMAT} file: it is not JSON ({e})") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            found = d.get("format") if isinstance(d, dict) else type(d).__name__
+            raise PlanError(f"not a {FORMAT} file (format is {found!r})")
+        if goal is not None and d.get("mesh") != goal.mesh:
+            raise PlanError(
+                f"the plan is for mesh {d.get('mesh')}, the goal's mesh is {goal.mesh}; "
+                "solve the goal again for its mesh"
+            )
+        try:
+            return cls._from_record(d, goal)
+        except PlanError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PlanError(
+                f"the {FORMAT} file is damaged: {type(e).__name__}: {e} (write it again with "
+                "partir solve --out)"
+            ) from None
+
+    @classmethod
+    def _from_record(cls, d: dict, goal: Goal | None) -> Plan:
         specs = {p: spec_from_json(e) for p, e in d["specs"].items()}
         if goal is not None and "decisions" in d:
             return replay(goal, d)
@@ -295,7 +317,13 @@ def replay(goal: Goal, d: Mapping[str, Any]) -> Plan:
         for path, dim, axis, priority, position in call:
             if path not in prog.inputs:
                 raise PlanError(f"the plan file names input {path!r}, which the program lacks")
-            decisions.append(Decision(priority, prog.inputs[path], dim, axis, position))
+            rank = len(prog.values[prog.inputs[path]].shape)
+            if not (isinstance(dim, int) and 0 <= dim < rank) or axis not in goal.mesh:
+                raise PlanError(
+                    f"the plan file tiles {path!r} (rank {rank}) along dim {dim!r} on axis "
+                    f"{axis!r}; the goal's mesh axes are {list(goal.mesh)}"
+                )
+            decisions.append(Decision(int(priority), prog.inputs[path], dim, axis, int(position)))
         state, _ = prop.apply_all(state, decisions)
         calls.append(decisions)
     plan = Plan(goal, state, goal.cost_model.cost(state), search=d.get("search", {}))

@@ -127,11 +127,17 @@ def compile_axis(
     for k, s in enumerate(strategies):
         prio = priority + k
         if isinstance(s, Batch | FSDP):
+            tiled = False
             for vid in sorted(data):  # dim 0, also when an earlier axis already tiles it
                 shape, sharding = prog.values[vid].shape, prop.sharding(state, vid)
                 used = {a for axes in sharding for a in axes}
-                if shape and axis not in used and shape[0] % (prop.size(sharding[0]) * n) == 0:
+                if axis in used:
+                    tiled = True
+                elif shape and shape[0] % (prop.size(sharding[0]) * n) == 0:
                     required.append(Decision(prio, vid, 0, axis))
+                    tiled = True
+            if not tiled:
+                raise PlanError(_batch_tiles_nothing(goal, s, state, data))
         if isinstance(s, Zero | FSDP):
             deferred.append((prio + 1, s))
         if isinstance(s, Megatron):
@@ -152,6 +158,25 @@ def compile_axis(
     actions = [a for a in actions if not forbidden & set(a.values)]
     required = [d for d in required if d.value not in forbidden]
     return AxisProblem(axis, required, _dedupe(actions), forbidden, strategies, deferred)
+
+
+def _batch_tiles_nothing(goal: Goal, s: Strategy, state: State, data: set[int]) -> str:
+    """Why a batch/fsdp strategy can tile no data input, and what to do about it."""
+    prog, prop = goal.program, goal.propagator
+    n = goal.mesh[s.axis]
+    if not data:
+        return (f"{s.name} on axis {s.axis!r}: the program has no data inputs (every input is "
+                f"carried state); name them with {s.name}(inputs=...)")  # fmt: skip
+    dims = []
+    for vid in sorted(data)[:3]:
+        shape, sharding = prog.values[vid].shape, prop.sharding(state, vid)
+        earlier = f", already split {prop.size(sharding[0])} ways" if shape and sharding[0] else ""
+        dims.append(f"{prog.input_paths[vid]} {shape[0] if shape else 'a scalar'}{earlier}")
+    return (
+        f"{s.name} on axis {s.axis!r} (size {n}) can tile no data input: it divides the leading "
+        f"dim of none ({', '.join(dims)}{', ...' if len(data) > 3 else ''}); choose a mesh "
+        "size that divides the batch size, or name the data inputs with batch(inputs=...)"
+    )
 
 
 def zero_decisions(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -510,19 +510,30 @@ def _strategy(name: str, axis: str, stage: int = 3) -> S.Strategy:
 
 @st.composite
 def schedules(
-    draw, mesh: Mapping[str, int], shapes: Mapping[str, Sequence[int]] | None = None
+    draw,
+    mesh: Mapping[str, int],
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    batch_sizes: Collection[int] | None = None,
 ) -> list[S.Strategy]:
     """A schedule over some of the mesh axes, in random order, 1-2 strategies on each
     (batch, megatron, zero(stage), auto, fsdp); with `shapes` ({path: shape}), sometimes
-    manual `tile` / `replicate` statements that are valid for those inputs."""
+    manual `tile` / `replicate` statements that are valid for those inputs. With
+    `batch_sizes` (the data inputs' leading dims), batch and fsdp only go on axes that can
+    split one of them (after the batch axes before): elsewhere they are an error."""
     axes = draw(st.permutations(list(mesh)))[: draw(st.integers(0, len(mesh)))]
     schedule: list[S.Strategy] = []
+    split = 1  # how many ways the batch axes so far split the data
     for axis in axes:
         names = draw(
             st.lists(st.sampled_from(_SEARCHED), min_size=1, max_size=2, unique=True).filter(
                 _compatible
             )
         )
+        if batch_sizes is not None:
+            if any(b % (split * mesh[axis]) == 0 for b in batch_sizes):
+                split *= mesh[axis] if {"batch", "fsdp"} & set(names) else 1
+            else:
+                names = [n for n in names if n not in ("batch", "fsdp")]
         for name in names:
             stage = draw(st.sampled_from((3, 1, 2))) if name == "zero" else 3
             schedule.append(_strategy(name, axis, stage))
@@ -567,8 +578,10 @@ def goals(
     `batch` leaves their weights alone."""
     fn, args = draw(programs if programs is not None else _default_programs(train_step))
     mesh = draw(meshes if meshes is not None else _default_meshes())
-    shapes = input_shapes((fn, args)) if manual else None
-    schedule = draw(schedules(mesh, shapes))
+    every = input_shapes((fn, args))
+    data = "data/" if isinstance(fn, Forward) else "batch/"  # see programs()
+    batch_sizes = {s[0] for p, s in every.items() if p.startswith(data) and s}
+    schedule = draw(schedules(mesh, every if manual else None, batch_sizes))
     if search is None:
         search = Search(episodes=20, seed=draw(st.integers(0, 2**16)))
     data_inputs = ["data/**"] if isinstance(fn, Forward) else None
