@@ -107,3 +107,10 @@ def test_a_program_that_fails_to_trace_exits_2_naming_the_error(tmp_path, capsys
         assert main([command, str(goal)]) == 2
         err = capsys.readouterr().err
         assert f"{goal}: error: tracing train_step" in err and "Traceback" not in err
+
+
+def test_a_goal_file_that_begins_with_a_byte_order_mark_is_read(tmp_path, capsys):
+    goal = tmp_path / "bom.partir"
+    goal.write_bytes(b"\xef\xbb\xbf" + pathlib.Path(MLP).read_bytes())
+    assert main(["check", str(goal)]) == 0
+    assert "ok:" in capsys.readouterr().err

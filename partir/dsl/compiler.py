@@ -32,7 +32,7 @@ def load_goal(path: str | os.PathLike) -> Goal:
     with open(path, "rb") as f:
         data = f.read()
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # editors on Windows may begin it with a BOM
     except UnicodeDecodeError as e:
         raise GoalError(
             f"the file is not UTF-8 text ({e.reason} at byte {e.start})", path
