@@ -1,5 +1,7 @@
 """The search: strategies compile to constraints, MCTS composes them, CP-SAT prunes."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -399,6 +401,10 @@ def test_comm_rewards_tell_plans_apart_by_their_bytes():
     assert 0 < bp.comm_bytes < bp_mp.comm_bytes
     assert scorer.reward(bp) - scorer.reward(bp_mp) > 0.01
     assert 0.5 < scorer.reward(bp_mp) < scorer.reward(bp) <= 1.0
+    # and it never saturates: plans moving 1/8 and 1/64 of the argument bytes differ too
+    args = scorer.reference.argument_bytes
+    few, fewer = (dataclasses.replace(bp, comm_bytes=args // k) for k in (8, 64))
+    assert scorer.reward(few) < scorer.reward(fewer) < 1.0
 
 
 def test_batch_on_an_axis_that_divides_no_batch_is_an_error_that_says_so():
@@ -411,3 +417,22 @@ def test_batch_on_an_axis_that_divides_no_batch_is_an_error_that_says_so():
     goal = gpt_goal({"a": 4, "b": 32}, schedule=[st.batch("a"), st.fsdp("b")])
     with pytest.raises(PlanError, match="already split 4 ways"):
         partir.solve(goal, baselines=False)
+
+
+def test_batch_whose_data_a_replicate_keeps_whole_is_an_error():
+    from partir.ir.specs import PlanError
+
+    goal = gpt_goal(schedule=[st.batch("batch"), st.replicate("batch/*", "batch")])
+    with pytest.raises(PlanError, match="a replicate statement keeps every data input whole"):
+        partir.solve(goal, baselines=False)
+
+
+def test_a_plan_file_is_refused_by_a_goal_that_now_replicates_what_it_tiles():
+    from partir.ir.specs import PlanError
+
+    plan = partir.solve(gpt_goal(schedule=[st.batch("batch"), st.megatron("model")]),
+                        baselines=False)  # fmt: skip
+    stricter = gpt_goal(schedule=[st.batch("batch"), st.megatron("model"),
+                                  st.replicate("params/**", "model")])  # fmt: skip
+    with pytest.raises(PlanError, match="a replicate statement of the goal keeps whole"):
+        partir.Plan.from_json(plan.to_json(), stricter)

@@ -318,13 +318,21 @@ def replay(goal: Goal, d: Mapping[str, Any]) -> Plan:
             if path not in prog.inputs:
                 raise PlanError(f"the plan file names input {path!r}, which the program lacks")
             rank = len(prog.values[prog.inputs[path]].shape)
-            if not (isinstance(dim, int) and 0 <= dim < rank) or axis not in goal.mesh:
+            dim_ok = isinstance(dim, int) and not isinstance(dim, bool) and 0 <= dim < rank
+            if not dim_ok or axis not in goal.mesh:
                 raise PlanError(
                     f"the plan file tiles {path!r} (rank {rank}) along dim {dim!r} on axis "
                     f"{axis!r}; the goal's mesh axes are {list(goal.mesh)}"
                 )
             decisions.append(Decision(int(priority), prog.inputs[path], dim, axis, int(position)))
-        state, _ = prop.apply_all(state, decisions)
+        state, rejected = prop.apply_all(state, decisions)
+        blocked = [d for d in rejected if d.axis in prop.blocked.get(d.value, ())]
+        if blocked:  # the goal gained a replicate statement since the plan was made
+            d = blocked[0]
+            raise PlanError(
+                f"the plan tiles {prog.input_paths[d.value]} on {d.axis!r}, which a replicate "
+                "statement of the goal keeps whole; solve the goal again"
+            )
         calls.append(decisions)
     plan = Plan(goal, state, goal.cost_model.cost(state), search=d.get("search", {}))
     plan.decisions = calls

@@ -3,10 +3,10 @@ actions each axis allows (the incremental search of the PartIR paper).
 
 Reward (higher is better, in (0, 1]): a plan within the memory limit scores
 `0.5 + 0.5 * log(1 + s) / log(1 + N)`, where `s` is its speedup over the replicated plan
-in the goal's objective (step time, peak memory; for communicated bytes, which the
-replicated plan has none of, the replicated plan's argument bytes over the plan's bytes)
-and N the number of devices; a plan over the limit scores `0.5 * limit / peak` < 0.5. So every plan that
-fits beats every plan that does not, and among those that do not, less memory is better —
+in the goal's objective (step time, peak memory) and N the number of devices. For
+communicated bytes, which the replicated plan has none of, `s` is the replicated plan's
+argument bytes over the plan's bytes, unbounded, and the reward `0.5 + 0.5 * s / (1 + s)`.
+A plan over the limit scores `0.5 * limit / peak` < 0.5. So every plan that fits beats every plan that does not, and among those that do not, less memory is better —
 the search is pulled towards feasibility instead of seeing a cliff, and the log spreads
 speedups up to N evenly over the reward range that UCT compares. While later axes are still
 to be searched, "the limit" is the limit times the product of their sizes: the most they
@@ -190,6 +190,8 @@ class Scorer:
         if limit is not None and cost.peak_memory_bytes > limit * self.later:
             return 0.5 * limit * self.later / cost.peak_memory_bytes
         speedup = self.scale / max(metric(self.goal, cost), 1e-30)
+        if self.goal.objective == "comm":  # no bound like N on it: a map that never saturates
+            return 0.5 + 0.5 * speedup / (1 + speedup)
         return min(1.0, 0.5 + 0.5 * math.log1p(speedup) / self.log_n)
 
     @functools.cached_property

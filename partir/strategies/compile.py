@@ -124,20 +124,16 @@ def compile_axis(
         dims = range(len(prog.values[vid].shape)) if n > 1 else ()
         return [d for d in dims if prop.can_apply(state, Decision(priority, vid, d, axis))]
 
+    batching: list[tuple[Strategy, int]] = []
     for k, s in enumerate(strategies):
         prio = priority + k
         if isinstance(s, Batch | FSDP):
-            tiled = False
+            batching.append((s, prio))
             for vid in sorted(data):  # dim 0, also when an earlier axis already tiles it
                 shape, sharding = prog.values[vid].shape, prop.sharding(state, vid)
                 used = {a for axes in sharding for a in axes}
-                if axis in used:
-                    tiled = True
-                elif shape and shape[0] % (prop.size(sharding[0]) * n) == 0:
+                if shape and axis not in used and shape[0] % (prop.size(sharding[0]) * n) == 0:
                     required.append(Decision(prio, vid, 0, axis))
-                    tiled = True
-            if not tiled:
-                raise PlanError(_batch_tiles_nothing(goal, s, state, data))
         if isinstance(s, Zero | FSDP):
             deferred.append((prio + 1, s))
         if isinstance(s, Megatron):
@@ -157,16 +153,26 @@ def compile_axis(
             forbidden |= {v for p, v in prog.inputs.items() if glob_match(s.path, p)}
     actions = [a for a in actions if not forbidden & set(a.values)]
     required = [d for d in required if d.value not in forbidden]
+    already = any(axis in axes for v in data for axes in prop.sharding(state, v))
+    for s, prio in batching:  # data parallelism that tiles nothing is a mistake, not a no-op
+        if not already and not any(d.priority == prio for d in required):
+            raise PlanError(_batch_tiles_nothing(goal, s, state, data, forbidden))
     return AxisProblem(axis, required, _dedupe(actions), forbidden, strategies, deferred)
 
 
-def _batch_tiles_nothing(goal: Goal, s: Strategy, state: State, data: set[int]) -> str:
+def _batch_tiles_nothing(
+    goal: Goal, s: Strategy, state: State, data: set[int], forbidden: set[int]
+) -> str:
     """Why a batch/fsdp strategy can tile no data input, and what to do about it."""
     prog, prop = goal.program, goal.propagator
     n = goal.mesh[s.axis]
     if not data:
         return (f"{s.name} on axis {s.axis!r}: the program has no data inputs (every input is "
                 f"carried state); name them with {s.name}(inputs=...)")  # fmt: skip
+    if data <= forbidden:
+        paths = ", ".join(prog.input_paths[v] for v in sorted(data)[:3])
+        return (f"{s.name} on axis {s.axis!r}: a replicate statement keeps every data input "
+                f"whole on it ({paths}); drop the replicate statement or the {s.name}")  # fmt: skip
     dims = []
     for vid in sorted(data)[:3]:
         shape, sharding = prog.values[vid].shape, prop.sharding(state, vid)
@@ -176,6 +182,7 @@ def _batch_tiles_nothing(goal: Goal, s: Strategy, state: State, data: set[int]) 
         f"{s.name} on axis {s.axis!r} (size {n}) can tile no data input: it divides the leading "
         f"dim of none ({', '.join(dims)}{', ...' if len(data) > 3 else ''}); choose a mesh "
         "size that divides the batch size, or name the data inputs with batch(inputs=...)"
+        + (", or shard only the parameters with zero(stage=3)" if isinstance(s, FSDP) else "")
     )
 
 
