@@ -366,7 +366,10 @@ PARSE_ERRORS = [
      "unknown pruner 'cpsta'; did you mean 'cpsat'? (write prune cpsat, or prune none)"),
     ("memory <= 32G", "32G", "memory takes a size, like 32GiB; '32G' is a count"),
     ("memory <= 32Gib", "Gib", "unknown unit 'Gib' in '32Gib'; did you mean 'GiB'?"),
+    ("memory <= 32gb", "gb", "unknown unit 'gb' in '32gb'; did you mean 'GB'?"),
     ("memory <= 0", "0", "memory must be a positive size, not '0'"),
+    ("memory <= 1.5", "1.5",
+     "memory must be a whole number of bytes, not '1.5'; write a size like 1.5GiB"),
     ('tile "params/embed" dim -1 on model', "-1",
      "a tile dim is a dimension index 0, 1, ..., not '-1'"),
     ('tile "" dim 0 on model', '""', 'an empty path; write an input path like "params/embed"'),
@@ -469,6 +472,10 @@ def test_entry_point_form(target, message):
     assert err.message == message and (err.line, err.column) == (1, 9)
 
 
+def test_memory_in_bytes_may_be_written_with_an_exponent():
+    assert parse('program "m:f" inputs "m:g" mesh a=2 memory <= 1e9').memory_limit == 10**9
+
+
 def test_notes_not_warnings():
     spec = parse('program "m:f" inputs "m:g"\nmesh batch=2, model=4\naxis batch { batch }\n'
                  "memory <= 64GiB\n", "n.partir")  # fmt: skip
@@ -499,6 +506,8 @@ def test_notes_not_warnings():
 SYNTAX_ERRORS = [
     ('progam "x"', "progam", "unknown statement 'progam'; did you mean 'program'?"),
     ("axisbatch { batch }", "axisbatch", "unknown statement 'axisbatch'; did you mean 'axis'?"),
+    ("memory 32 GiB", "GiB",
+     "unknown statement 'GiB'; a unit goes right after its number, with no space: 32GiB"),
     ("zzz 3", "zzz",
      "unknown statement 'zzz'; a statement starts with one of: program, inputs, mesh, "
      "device, memory, objective, axis, tile, replicate, search, prune, constraints"),

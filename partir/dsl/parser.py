@@ -357,7 +357,11 @@ def _unknown_statement(tok: Token, expected: set[str], source: Source) -> str:
     rest = source.line_text(tok.line)[tok.end_column - 1 :] if tok.end_column else ""
     if "COMMA" in expected and rest.lstrip().startswith("="):
         return f"expected ',' before mesh axis '{tok}'"
+    from partir.dsl.units import UNITS
+
     hint = did_you_mean(str(tok), STATEMENTS)
-    if not hint:
+    if str(tok) in UNITS:
+        hint = f"; a unit goes right after its number, with no space: 32{tok}"
+    elif not hint:
         hint = f"; a statement starts with one of: {', '.join(STATEMENTS)}"
     return f"unknown statement '{tok}'{hint}"

@@ -449,9 +449,15 @@ class _Builder:
 
     def _memory(self, st: Statement) -> None:
         q = self.want(st.parts[0], ("size", "number"), "memory", "32GiB")
-        if not q.is_int or q.value <= 0:
+        if q.value <= 0:
             raise self.error(
                 st.parts[0].pos, f"memory must be a positive size, not '{st.parts[0].text}'"
+            )
+        if not q.is_int and not float(q.value).is_integer():
+            raise self.error(
+                st.parts[0].pos,
+                f"memory must be a whole number of bytes, not '{st.parts[0].text}'; write a "
+                "size like 1.5GiB",
             )
         self.memory = int(q.value)
 

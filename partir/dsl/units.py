@@ -75,8 +75,13 @@ def read(text: str, pos: Pos) -> Quantity:
             return Quantity(text, value, kind, exact)
     from partir.ir.specs import did_you_mean
 
-    hint = did_you_mean(unit, UNITS) or (
-        "; sizes are written like 32GiB or 500MB, rates like 50G/s, counts like 275T, "
-        "times like 2us"
+    same_letters = [u for u in UNITS if u.lower() == unit.lower()]  # 32gb: units have case
+    hint = (
+        (f"; did you mean '{same_letters[0]}'?" if same_letters else "")
+        or did_you_mean(unit, UNITS)
+        or (
+            "; sizes are written like 32GiB or 500MB, rates like 50G/s, counts like 275T, "
+            "times like 2us"
+        )
     )
     raise UnitError(f"unknown unit {unit!r} in {text!r}{hint}", pos.shifted(len(m.group(1))))
