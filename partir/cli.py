@@ -28,14 +28,15 @@ def _fake_devices(n: int) -> None:
 
 
 def _positive_seconds(text: str) -> float:
-    """argparse type of --seconds: a positive, finite number."""
+    """argparse type of --seconds: what `Search(seconds=...)` accepts."""
+    from partir.goal import Search
+
     try:
-        value = float(text)
+        return Search(seconds=float(text)).seconds
     except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds, not {text!r}"
+        ) from None
 
 
 def _console():

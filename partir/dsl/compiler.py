@@ -19,7 +19,7 @@ import numpy as np
 from partir.dsl.errors import GoalError, Pos
 from partir.dsl.spec import EntryPoint, GoalSpec, ManualSpec, parse
 from partir.goal import Goal
-from partir.ir.program import arg_names, path_str
+from partir.ir.program import arg_names, first_line, path_str
 from partir.ir.specs import did_you_mean, glob_match
 from partir.strategies import Batch, Replicate, Tile
 
@@ -73,16 +73,10 @@ def compile_spec(spec: GoalSpec, base_dir: str | None = None) -> Goal:
             notes=spec.notes,
         )
     except ValueError as e:  # the spec checks should have caught it; still say where
-        raise spec.error(spec.positions.get("program", Pos()), _first_line(e)) from None
+        raise spec.error(spec.positions.get("program", Pos()), first_line(e)) from None
 
 
 # ------------------------------------------------------------------------------ imports
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def _load_file(path: str) -> Any:
@@ -121,7 +115,7 @@ def _resolve(spec: GoalSpec, ep: EntryPoint, base: str, modules: dict[str, Any])
     except GoalError:
         raise
     except Exception as e:  # ImportError, SyntaxError, or whatever the module raised
-        raise spec.error(ep.pos, f"cannot import '{ep.target}': {_first_line(e)}") from None
+        raise spec.error(ep.pos, f"cannot import '{ep.target}': {first_line(e)}") from None
     where = module_name
     for part in function.split("."):
         try:
@@ -129,7 +123,7 @@ def _resolve(spec: GoalSpec, ep: EntryPoint, base: str, modules: dict[str, Any])
             if found:
                 obj = getattr(obj, part)
         except Exception as e:
-            raise spec.error(ep.pos, f"cannot get '{ep.target}': {_first_line(e)}") from None
+            raise spec.error(ep.pos, f"cannot get '{ep.target}': {first_line(e)}") from None
         if not found:
             names = [n for n in dir(obj) if not n.startswith("_")]
             raise spec.error(
@@ -146,7 +140,7 @@ def _call_inputs(spec: GoalSpec, make_inputs: Callable) -> tuple:
     try:
         result = make_inputs(*ep.args, **ep.kwargs)
     except Exception as e:
-        raise spec.error(ep.pos, f"{ep.call_text()} raised {_first_line(e)}") from None
+        raise spec.error(ep.pos, f"{ep.call_text()} raised {first_line(e)}") from None
     if isinstance(result, list):
         result = tuple(result)
     if not isinstance(result, tuple):
@@ -187,7 +181,7 @@ def input_shapes(spec: GoalSpec, program: Callable, args: tuple) -> dict[str, tu
                 )
     except Exception as e:
         raise spec.error(
-            spec.inputs.pos, f"cannot read the inputs' shapes: {_first_line(e)}"
+            spec.inputs.pos, f"cannot read the inputs' shapes: {first_line(e)}"
         ) from None
     return shapes
 

@@ -424,6 +424,13 @@ def _join_scope(outer: str, eqn: Any) -> str:
     return "/".join(parts)
 
 
+def first_line(e: BaseException) -> str:
+    """`KeyError: 'tokens'`: an exception's type and the first line of its message."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 class TraceError(ValueError):
     """The function could not be traced on its arguments (its own error, or JAX's)."""
 
@@ -440,10 +447,7 @@ def trace(fn: Callable, args: Sequence[Any], *, names: Sequence[str] | None = No
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
     except Exception as e:  # the user's function (or its arguments) fails under JAX
         name = getattr(fn, "__qualname__", None) or repr(fn)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise TraceError(
-            f"tracing {name} on the given arguments failed: {type(e).__name__}: {first}"
-        ) from e
+        raise TraceError(f"tracing {name} on the given arguments failed: {first_line(e)}") from e
     arg_names_ = tuple(names) if names is not None else arg_names(fn, len(args))
     in_paths = []
     for i, arg in enumerate(abstract):

@@ -198,13 +198,22 @@ class Propagator:
 
     def can_apply(self, state: State, d: Decision) -> bool:
         """Whether `d` adds an axis the value lacks, along a dim it divides."""
-        shape = self.shapes[d.value]
-        if not 0 <= d.dim < len(shape) or d.axis not in self.mesh:
+        return self.can_tile(state, d.value, d.dim, d.axis)
+
+    def can_tile(self, state: State, vid: int, dim: int, axis: str) -> bool:
+        """Whether `axis` can be added to dim `dim` of value `vid`: the value lacks it, no
+        replicate statement blocks it, and the dim's size divides."""
+        shape = self.shapes[vid]
+        if not 0 <= dim < len(shape) or axis not in self.mesh or self.blocks(vid, axis):
             return False
-        s = self.sharding(state, d.value)
-        if any(d.axis in axes for axes in s) or d.axis in self.blocked.get(d.value, ()):
+        s = self.sharding(state, vid)
+        if any(axis in axes for axes in s):
             return False
-        return shape[d.dim] % self.size(s[d.dim] + (d.axis,)) == 0
+        return shape[dim] % self.size(s[dim] + (axis,)) == 0
+
+    def blocks(self, vid: int, axis: str) -> bool:
+        """Whether a replicate statement keeps value `vid` whole on `axis`."""
+        return axis in self.blocked.get(vid, ())
 
     def apply(self, state: State, d: Decision) -> State | None:
         """The state with `d` applied and propagated; None if `d` cannot apply."""

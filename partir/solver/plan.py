@@ -326,7 +326,7 @@ def replay(goal: Goal, d: Mapping[str, Any]) -> Plan:
                 )
             decisions.append(Decision(int(priority), prog.inputs[path], dim, axis, int(position)))
         state, rejected = prop.apply_all(state, decisions)
-        blocked = [d for d in rejected if d.axis in prop.blocked.get(d.value, ())]
+        blocked = [d for d in rejected if prop.blocks(d.value, d.axis)]
         if blocked:  # the goal gained a replicate statement since the plan was made
             d = blocked[0]
             raise PlanError(
@@ -386,14 +386,14 @@ def make_plan(goal: Goal, specs: Specs, *, strict: bool = True) -> Plan:
     for k, stage in enumerate(stages):
         decisions += input_decisions(goal, stage, priority=2 * k, strict=strict)
     if not strict:
-        decisions = [d for d in decisions if d.axis not in prop.blocked.get(d.value, ())]
+        decisions = [d for d in decisions if not prop.blocks(d.value, d.axis)]
     with paused_gc():
         state, rejected = prop.apply_all(prop.empty(frozen=prog.inputs.values()), decisions)
     if rejected:
         d = rejected[0]
         why = (
             "a replicate statement of the goal keeps it whole on that axis"
-            if d.axis in prop.blocked.get(d.value, ())
+            if prop.blocks(d.value, d.axis)
             else "the axis is already used on this input, or the dim size does not divide"
         )
         raise PlanError(

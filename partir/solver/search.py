@@ -115,14 +115,7 @@ class AxisEnvironment:
         return all(any(self.axis in axes for axes in prop.sharding(state, v)) for v in values)
 
     def _legal(self, prop, state: State, a: Action) -> bool:
-        axis = self.axis
-        for v in a.values:
-            sharding = prop.sharding(state, v)
-            if any(axis in axes for axes in sharding):
-                return False
-            if prop.shapes[v][a.dim] % (prop.size(sharding[a.dim] + (axis,))) != 0:
-                return False
-        return True
+        return all(prop.can_tile(state, v, a.dim, self.axis) for v in a.values)
 
     def actions(self, node: Node) -> list[Any]:
         pairs = list(zip(self.views, node.state))
@@ -297,7 +290,7 @@ def _search(goal: Goal, t0: float, progress) -> Plan:
 
 def _seconds_left(goal: Goal, t0: float) -> float | None:
     """What is left of the goal's time budget (None: no budget)."""
-    if not goal.search.seconds:
+    if goal.search.seconds is None:
         return None
     return max(goal.search.seconds - (time.perf_counter() - t0), 0.0)
 
@@ -338,7 +331,7 @@ def _solve(
         full.state, rejected = prop.apply_all(full.state, calls[-1])
     if rejected:
         d = rejected[0]
-        other = "a replicate" if d.axis in prop.blocked.get(d.value, ()) else "another tile"
+        other = "a replicate" if prop.blocks(d.value, d.axis) else "another tile"
         raise PlanError(
             f"tile {prog.input_paths[d.value]} dim {d.dim} on {d.axis!r} conflicts with "
             f"{other} statement"

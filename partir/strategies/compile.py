@@ -149,8 +149,8 @@ def compile_axis(
                 moe = "moe" in g.name.split("/") or "experts" in g.name
                 if moe and g.params and len(g.shape) >= 3 and 0 in free_dims(g.members[0]):
                     required += [Decision(prio, v, 0, axis) for v in g.members]
-        if isinstance(s, Replicate):
-            forbidden |= {v for p, v in prog.inputs.items() if glob_match(s.path, p)}
+        if isinstance(s, Replicate):  # matched once, by Goal.replicated
+            forbidden |= {v for v in prop.blocked if prop.blocks(v, axis)}
     actions = [a for a in actions if not forbidden & set(a.values)]
     required = [d for d in required if d.value not in forbidden]
     already = any(axis in axes for v in data for axes in prop.sharding(state, v))

@@ -42,6 +42,7 @@ from partir import strategies as S
 from partir.goal import Goal, Search
 from partir.ir.devices import CATALOG as DEVICES
 from partir.ir.program import Program, arg_names, path_str
+from partir.strategies.base import conflict
 
 __all__ = [
     "AXIS_NAMES",
@@ -496,9 +497,8 @@ _SEARCHED = ("batch", "megatron", "zero", "auto", "fsdp")
 
 
 def _compatible(names: list[str]) -> bool:
-    """Whether strategies of these names may share an axis (see strategies.base.conflict):
-    megatron keeps the data whole on its axis, which batch and fsdp tile."""
-    return not ("megatron" in names and ("batch" in names or "fsdp" in names))
+    """Whether strategies of these names may share an axis (strategies.base.conflict)."""
+    return conflict([_strategy(name, "axis") for name in names]) is None
 
 
 def _strategy(name: str, axis: str, stage: int = 3) -> S.Strategy:
