@@ -652,3 +652,30 @@ def test_verify_reports_the_buffer_assignment_peak_beside_the_estimate():
     assert row.predicted == plan.cost.peak_memory_bytes
     assert report.row("memory (est.)") is not None  # the existing row stays
     assert PEAK_ROW in str(report)
+
+
+def _chain(ws, x):
+    for i in range(ws.shape[0]):
+        x = jnp.sin(x @ ws[i]) + x
+    return x
+
+
+def _scanned(ws, x):
+    return lax.scan(lambda h, w: (jnp.sin(h @ w) + h, None), x, ws)[0]
+
+
+def test_step_flops_count_every_iteration_of_a_scan():
+    # XLA's cost analysis counts a while body once; step_flops counts each iteration.
+    ws, x = sds(8, 128, 128), sds(64, 128)
+    matmuls = 8 * 2 * 64 * 128 * 128
+    unrolled = compile_stats(_chain, (ws, x), None, None)
+    scanned = compile_stats(_scanned, (ws, x), None, None)
+    assert unrolled.step_flops == unrolled.flops >= matmuls
+    assert scanned.flops < matmuls / 4  # one iteration's worth
+    assert scanned.step_flops == pytest.approx(unrolled.flops, rel=1e-3)
+
+
+def test_hlo_flops_agree_with_xla_cost_analysis():
+    compiled = jax.jit(_chain).lower(sds(4, 64, 64), sds(32, 64)).compile()
+    once, per_step = xla.hlo_flops(optimized_hlo_text(compiled))
+    assert once == per_step == pytest.approx(compiled.cost_analysis()["flops"], rel=1e-3)
