@@ -67,11 +67,13 @@ def close(a: float, b: float, tol: float = COLLECTIVE_TOLERANCE) -> bool:
     return abs(a - b) <= tol * max(abs(a), abs(b))
 
 
-def verify(goal, plan, *, mesh=None) -> VerifyReport:
+def verify(goal, plan, *, mesh=None, compiler_options: dict | None = None) -> VerifyReport:
     """Compile `plan` for `goal` with XLA (abstract args: nothing is allocated) and compare
-    its collectives and memory with the cost model's prediction."""
+    its collectives and memory with the cost model's prediction. `compiler_options` go to
+    this compile only (e.g. {"xla_backend_optimization_level": 0} compiles faster: the HLO,
+    its buffer assignment and collectives stay the same, only machine code differs)."""
     step = plan.jit(mesh)
-    compiled, peak = compile_with_buffer_peak(step.lower(*goal.args))
+    compiled, peak = compile_with_buffer_peak(step.lower(*goal.args), compiler_options)
     stats = stats_of_compiled(compiled, peak)
     cost = plan.cost
     predicted = as_cpu_kinds(cost.bytes_by_kind())
