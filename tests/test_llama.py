@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import jax
@@ -165,3 +166,35 @@ def test_large_presets_have_their_parameter_counts(preset, low, high):
 def test_bad_options_say_what_to_use(options, match):
     with pytest.raises(ValueError, match=match):
         llama.example_args(**options)
+
+
+def _fidelity_bench():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "xla_fidelity.py"
+    spec = importlib.util.spec_from_file_location("xla_fidelity", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_maxtext_plan_shards_every_weight_as_maxtext_does(scan):
+    from jax.sharding import PartitionSpec as P
+
+    import partir
+
+    bench = _fidelity_bench()
+    mesh = {"data": 2, "fsdp": 2, "tensor": 2}
+    goal = partir.Goal(llama.train_step, llama.example_args(scan=scan), mesh)
+    specs = partir.plan(goal, [bench.maxtext_rules(goal)]).specs  # strict: every rule matches
+    lead = (None,) if scan else ()
+    layer = "layers" if scan else "layers/1"
+    for prefix in ("params", "opt_state/0/mu"):
+        assert specs[f"{prefix}/{layer}/attn/q"] == P(*lead, "fsdp", "tensor", None)
+        assert specs[f"{prefix}/{layer}/attn/o"] == P(*lead, "tensor", None, "fsdp")
+        assert specs[f"{prefix}/{layer}/mlp/w_out"] == P(*lead, "tensor", "fsdp")
+        assert specs[f"{prefix}/embed"] == P("tensor", "fsdp")
+    assert specs["batch/tokens"] == P(("data", "fsdp"), None)
