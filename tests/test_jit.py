@@ -9,9 +9,13 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
+import partir
 from partir.goal import Goal
+from partir.ir.rules import RULES
+from partir.ir.specs import to_sharding
 from partir.ir.xla import stats_of_compiled
 from partir.solver.plan import make_plan
 
@@ -113,3 +117,53 @@ def _primitives(jaxpr) -> set[str]:
         for sub in jex.core.jaxprs_in_params(eqn.params):
             names |= _primitives(sub)
     return names
+
+
+# -- shard_map ------------------------------------------------------------------------------
+
+
+def _shard_map_step(w, x):
+    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    summed = jax.shard_map(
+        lambda h: jax.lax.psum(h * 2.0, "b"), mesh=mesh, in_specs=P("a", "b"), out_specs=P("a")
+    )
+
+    def loss(w):
+        return jnp.sum(summed(jnp.tanh(x @ w)) ** 2)
+
+    value, grad = jax.value_and_grad(loss)(w)
+    return value, w - 0.1 * grad
+
+
+def test_shard_map_rule_splits_only_the_dims_its_specs_name():
+    params = {"in_specs": (P("a", "b"), P(None, "a")), "out_specs": (P(("a", "b")),)}
+    rule = RULES["shard_map"]([(8, 32), (4, 6)], [(8,)], params)
+    assert str(rule) == ("([i, j], [m, k])->([l]) {i=8, j=32, k=6, l=8, m=4} need-replication={m}")
+
+
+def test_shard_map_keeps_its_specs_through_solve_jit_and_verify():
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((16, 32)) * 0.1, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)
+    goal = Goal(_shard_map_step, (w, x), MESH)
+    plan = partir.solve(goal)  # no warning: shard_map has a rule
+    prog = goal.program
+    regions = [op for op in prog.ops if op.primitive == "shard_map"]  # forward, transpose
+    assert len(regions) == 2
+    for op in regions:
+        for values, specs in ((op.inputs, "in_specs"), (op.outputs, "out_specs")):
+            for v, spec in zip(values, op.params[specs]):
+                assert plan.value_sharding(v) == to_sharding(spec, prog.values[v].rank)
+    got, expected = plan.jit()(w, x), jax.jit(_shard_map_step)(w, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+    assert partir.verify(goal, plan).stats.argument_bytes == plan.cost.argument_bytes
+
+
+def test_shard_map_on_axes_the_goal_mesh_lacks_is_refused_with_the_fix():
+    w, x = jnp.ones((16, 32)), jnp.ones((8, 16))
+    goal = Goal(_shard_map_step, (w, x), {"a": 2, "c": 4})
+    with pytest.warns(UserWarning, match="not in the goal mesh"):
+        plan = make_plan(goal, {})
+    with pytest.raises(ValueError, match="give the goal mesh those axes"):
+        plan.jit()(w, x)

@@ -28,6 +28,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from partir.ir.constraints import CONSTRAINT_PRIMITIVES
+from partir.ir.cost import recomputable_values
 from partir.ir.program import INLINED_CALLS, _open, scan_counts
 from partir.ir.specs import to_spec
 
@@ -66,14 +67,16 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
     in_shardings = jax.tree_util.tree_unflatten(prog.in_tree, in_flat)
     out_shardings = jax.tree_util.tree_unflatten(prog.out_tree, out_flat)
     value_spec: Callable[[int], PartitionSpec] = lambda v: to_spec(plan.value_sharding(v))  # noqa: E731
-    operand_specs = _operand_specs(plan) if constrain else None
+    free = frozenset(recomputable_values(prog))
+    operand_specs = _operand_specs(plan, free) if constrain else None
 
     def fn(*args):
         flat = jax.tree_util.tree_leaves(args)
         closed = prog.jaxpr
         replay = _Replay(
-            prog.eqn_outputs, mesh, value_spec, constrain, goal.honour_constraints, operand_specs
-        )
+            prog.eqn_outputs, mesh, value_spec, constrain, goal.honour_constraints,
+            operand_specs, free,
+        )  # fmt: skip
         outs = replay.run(closed.jaxpr, closed.consts, flat, ())
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
@@ -86,11 +89,12 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
     )
 
 
-def _operand_specs(plan) -> Callable[[Any, tuple], dict[int, PartitionSpec]]:
+def _operand_specs(plan, free: frozenset[int]) -> Callable[[Any, tuple], dict[int, PartitionSpec]]:
     """For an equation (and its key), the specs its resharded operands take before it runs,
     by operand position: the execution sharding the cost model priced. Left to itself,
     XLA's partitioner may reshard an operand another way (e.g. over an idle mesh axis, with
-    collective-permutes), and move more bytes than the plan says."""
+    collective-permutes), and move more bytes than the plan says. Operands in `free` (made
+    from constants alone) are left to XLA, which makes them in whatever sharding it reads."""
     goal = plan.goal
     prog, model = goal.program, goal.cost_model
 
@@ -103,7 +107,9 @@ def _operand_specs(plan) -> Callable[[Any, tuple], dict[int, PartitionSpec]]:
         if op.primitive != eqn.primitive.name or len(op.inputs) != len(eqn.invars):
             return {}
         wants = model.execution_shardings(i, plan.state)
-        return {k: to_spec(wants[v]) for k, v in enumerate(op.inputs) if v in wants}
+        return {
+            k: to_spec(wants[v]) for k, v in enumerate(op.inputs) if v in wants and v not in free
+        }
 
     return specs
 
@@ -127,8 +133,10 @@ class _Replay:
         constrain_all: bool = True,
         honour_constraints: bool = True,
         operand_specs: Callable[[Any, tuple], dict[int, PartitionSpec]] | None = None,
+        free: frozenset[int] = frozenset(),
     ) -> None:
         self.eqn_outputs = eqn_outputs
+        self.free = free
         self.operand_specs = operand_specs
         self.mesh = mesh
         self.value_spec = value_spec
@@ -144,7 +152,7 @@ class _Replay:
             return outs
         res = []
         for x, v in zip(outs, vids):
-            if _constrainable(x):
+            if _constrainable(x) and (user or v not in self.free):
                 x = jax.lax.with_sharding_constraint(
                     x, NamedSharding(self.mesh, self.value_spec(v))
                 )
