@@ -17,9 +17,12 @@ from partir.goal import Goal
 from partir.ir.rules import RULES
 from partir.ir.specs import to_sharding
 from partir.ir.xla import stats_of_compiled
+from partir.models import MODELS
 from partir.solver.plan import make_plan
+from partir.strategies.experts import expert_plans
 
 MESH = {"a": 2, "b": 4}
+MESH_2D = {"batch": 2, "model": 4}
 NOTHING_SAVED = jax.checkpoint_policies.nothing_saveable
 
 
@@ -167,3 +170,82 @@ def test_shard_map_on_axes_the_goal_mesh_lacks_is_refused_with_the_fix():
         plan = make_plan(goal, {})
     with pytest.raises(ValueError, match="give the goal mesh those axes"):
         plan.jit()(w, x)
+
+
+# -- values made from constants ---------------------------------------------------------------
+
+
+def _masked_attention_step(w, x):
+    def loss(w):
+        scores = jnp.einsum("bqd,bkd->bqk", x @ w, x)
+        causal = jnp.tril(jnp.ones(scores.shape[1:], dtype=bool))
+        scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+        return jnp.mean(jax.nn.softmax(scores, axis=-1) @ x) + jnp.sum(jnp.zeros_like(w) * w)
+
+    return jax.grad(loss)(w)
+
+
+def _constrained(jaxpr, made=None) -> list:
+    """The equations whose outputs a sharding constraint reads, in `jaxpr` and below."""
+    made = {} if made is None else made
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "sharding_constraint" and eqn.invars[0] in made:
+            found.append(made[eqn.invars[0]])
+        for v in eqn.outvars:
+            made[v] = eqn
+        for sub in jex.core.jaxprs_in_params(eqn.params):
+            found += _constrained(sub, made)
+    return found
+
+
+def _made_from_constants(eqn) -> bool:
+    operands = [v for v in eqn.invars if not isinstance(v, jex.core.Literal)]
+    return eqn.primitive.name == "iota" or (
+        eqn.primitive.name == "broadcast_in_dim" and all(v.aval.ndim == 0 for v in operands)
+    )
+
+
+def test_values_made_from_constants_are_left_to_xla():
+    # the mask's fill, iotas and zeros_like: XLA fuses them into their readers; a constraint
+    # (to the plan's sharding, or to an execution sharding as an operand) pins a buffer
+    w, x = jnp.eye(16) * 0.1, jnp.ones((8, 32, 16))
+    plan = make_plan(Goal(_masked_attention_step, (w, x), MESH), {"x": P("a", None, "b")})
+    pinned = _constrained(jax.make_jaxpr(plan.jit())(w, x).jaxpr)
+    assert len(pinned) > 10  # the plan's other values are still constrained
+    assert [e.primitive.name for e in pinned if _made_from_constants(e)] == []
+    np.testing.assert_allclose(
+        np.asarray(plan.jit()(w, x)), np.asarray(jax.jit(_masked_attention_step)(w, x)), rtol=1e-5
+    )
+
+
+# -- memory against XLA's own choice ----------------------------------------------------------
+
+# ZeRO-3 plans reduce every weight gradient over the batch (XLA:CPU: all-reduce, then a
+# slice); at these tiny shapes XLA given only the in/out shardings gathers the few
+# activations instead and computes each device's gradient shard alone, which holds less.
+# Lifting a constraint does not help: pinning the batch-sharded activations alone brings
+# the whole difference. This is the plan's strategy, a choice of the search and cost model.
+ZERO3_GAPS = {("mlp", "2d", "FSDP"), ("mlp", "2d", "BP+MP+Z3")}
+
+
+@pytest.mark.parametrize(
+    "model, name",
+    [
+        pytest.param(
+            "mlp", name,
+            marks=[pytest.mark.xfail(strict=True, reason="the plan's ZeRO-3 strategy")]
+            if ("mlp", "2d", name) in ZERO3_GAPS else [],
+            id=f"mlp-{name}",
+        )
+        for name in ("BP", "MP", "BP+MP", "FSDP", "BP+MP+Z3")
+    ]
+    + [pytest.param("gpt", "BP+MP", id="gpt-BP+MP", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_plan_jit_memory_is_no_worse_than_xla_alone(model, name):
+    m = MODELS[model]
+    args = m.example_args(preset="tiny")
+    plan = expert_plans(Goal(m.train_step, args, MESH_2D))[name]
+    ours, theirs = _compile_both(plan, args)
+    ratio = stats_of_compiled(ours).allocated_bytes / stats_of_compiled(theirs).allocated_bytes
+    assert ratio <= 1.05
