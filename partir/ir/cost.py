@@ -26,7 +26,6 @@ import numpy as np
 
 from partir.ir import liveness
 from partir.ir.devices import Device
-from partir.ir.liveness import free_values
 from partir.ir.program import Program
 from partir.ir.propagate import Axes, Propagator, Sharding, State, join_axes, split_axes
 from partir.ir.rules import Kind
@@ -505,9 +504,6 @@ def _source(op) -> str:
     if op.primitive == "_link":
         return f"{op.params['kind']} link (op {op.index})"
     return f"{op.primitive} (op {op.index}){where}"
-
-
-recomputable_values = free_values  # the name plan.jit imports
 
 
 def local_size(shape, sharding: Sharding, mesh: Mapping[str, int]) -> int:
