@@ -70,6 +70,48 @@ class Search:
             raise ValueError(f"rollout must be 'random' or 'greedy', not {self.rollout!r}")
 
 
+def read_mesh(mesh: Any) -> tuple[Any, dict[str, int | None]]:
+    """(the jax Mesh or None, {axis: size or None}) from a dict or a `jax.sharding.Mesh`."""
+    if hasattr(mesh, "axis_names") and hasattr(mesh, "devices") and hasattr(mesh, "shape"):
+        return mesh, {str(k): int(v) for k, v in mesh.shape.items()}
+    if not isinstance(mesh, Mapping):
+        raise TypeError(
+            f"mesh must be a dict {{axis: size}} or a jax.sharding.Mesh, not {type(mesh).__name__}"
+        )
+    out: dict[str, int | None] = {}
+    for name, size in mesh.items():
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(
+                f"mesh axis {name!r} has size {size!r}; sizes must be whole numbers >= 1 "
+                "(or None, with devices=N, for partir to choose)"
+            )
+        out[str(name)] = size
+    return None, out
+
+
+def check_devices(mesh: Mapping[str, int | None], devices: int | None) -> int | None:
+    """`devices` checked against the mesh: needed exactly when some axis has no size."""
+    open_ = [a for a, s in mesh.items() if s is None]
+    if devices is None:
+        if open_:
+            raise ValueError(
+                f"mesh axes {open_} have no size: pass devices=N, the number of devices "
+                "whose factorizations partir tries"
+            )
+        return None
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be a whole number >= 1, not {devices!r}")
+    fixed = 1
+    for s in mesh.values():
+        fixed *= s or 1
+    if devices % fixed or (not open_ and devices != fixed):
+        raise ValueError(
+            f"the mesh {dict(mesh)} cannot cover devices={devices}: the fixed axes' sizes "
+            f"multiply to {fixed}"
+        )
+    return devices
+
+
 class Goal:
     """A planning problem. The program is traced once, lazily, and shared by all plans."""
 
@@ -77,7 +119,7 @@ class Goal:
         self,
         program: Callable,
         args: Sequence[Any],
-        mesh: Mapping[str, int],
+        mesh: Mapping[str, int | None] | Any,
         device: str | Device = "cpu",
         memory_limit: int | str | None = None,
         objective: str = "time",
@@ -89,13 +131,13 @@ class Goal:
         honour_constraints: bool = True,
         filename: str | None = None,
         notes: Sequence[str] = (),
+        devices: int | None = None,
     ) -> None:
         self.fn = program
         self.args = tuple(args)
-        self.mesh = {str(k): int(v) for k, v in mesh.items()}
-        for name, size in self.mesh.items():
-            if size < 1:
-                raise ValueError(f"mesh axis {name!r} has size {size}; sizes must be >= 1")
+        # a jax.sharding.Mesh: its axes and sizes, and plan.jit runs on its devices
+        self.jax_mesh, self.mesh = read_mesh(mesh)
+        self.devices = check_devices(self.mesh, devices)
         self.device = get_device(device) if isinstance(device, str) else device
         self.memory_limit = parse_bytes(memory_limit)
         if objective not in ("time", "memory", "comm"):
@@ -113,10 +155,17 @@ class Goal:
 
     @property
     def num_devices(self) -> int:
+        if self.devices is not None:
+            return self.devices
         n = 1
         for s in self.mesh.values():
             n *= s
         return n
+
+    @property
+    def open_axes(self) -> list[str]:
+        """The mesh axes whose size the search chooses (`mesh={"data": None}, devices=N`)."""
+        return [a for a, s in self.mesh.items() if s is None]
 
     @functools.cached_property
     def program(self) -> Program:
@@ -125,6 +174,11 @@ class Goal:
 
     @functools.cached_property
     def propagator(self) -> Propagator:
+        if self.open_axes:
+            raise ValueError(
+                f"the mesh {self.mesh} has axes of no size yet; partir.solve chooses them "
+                "(or give every axis a size)"
+            )
         seed = constraint_decisions(self.program, self.mesh) if self.honour_constraints else []
         with paused_gc():
             return Propagator(self.program, self.mesh, seed, self.replicated())
