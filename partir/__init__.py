@@ -4,6 +4,8 @@ from partir import strategies
 from partir.dsl import GoalError, load_goal, load_goal_text
 from partir.goal import Goal, Search
 from partir.ir.cost import Collective, Cost
+from partir.ir.program import TraceError
+from partir.ir.rules import UnknownPrimitiveWarning
 from partir.ir.specs import PlanError
 from partir.solver.plan import Plan, evaluate
 from partir.solver.plan import make_plan as plan
@@ -21,6 +23,8 @@ __all__ = [
     "Plan",
     "PlanError",
     "Search",
+    "TraceError",
+    "UnknownPrimitiveWarning",
     "evaluate",
     "experts",
     "load_goal",

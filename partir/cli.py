@@ -151,9 +151,9 @@ def cmd_solve(args) -> int:
     if args.rules:
         with open(args.rules, "w") as f:
             f.write(plan.rules_source(args.rules))
-    if args.json:
+    if args.json and plan.cost.fits:
         print(plan.to_json())
-    else:
+    elif not args.json:
         t = Table(title="plan", title_justify="left")
         t.add_column("input")
         t.add_column("PartitionSpec")
@@ -173,13 +173,23 @@ def cmd_solve(args) -> int:
                 f"against a limit of {fmt_bytes(goal.memory_limit)}"
             )
     if not plan.cost.fits:
-        console.print(
-            f"error: no plan found fits the memory limit; the best found needs "
+        message = (
+            f"no plan found fits the memory limit; the best found needs "
             f"{fmt_bytes(plan.cost.peak_memory_bytes)} per device (estimate), the limit is "
             f"{fmt_bytes(goal.memory_limit)}"
         )
+        console.print(f"error: {message}")
+        if args.json:
+            _print_error(message, EXIT_INFEASIBLE, peak_memory_bytes=plan.cost.peak_memory_bytes,
+                         memory_limit_bytes=goal.memory_limit,
+                         plan=json.loads(plan.to_json()))  # fmt: skip
         return EXIT_INFEASIBLE
     return EXIT_OK
+
+
+def _print_error(message: str, code: int, **numbers) -> None:
+    """The one JSON object of `--json` when there is no plan to print."""
+    print(json.dumps({"error": message, "exit": code, **numbers}))
 
 
 def cmd_check(args) -> int:
@@ -288,29 +298,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse said why on stderr
+        if as_json and e.code:
+            _print_error("invalid command line (the reason is on stderr)", int(e.code))
+        raise
     from partir.dsl import GoalError
     from partir.ir.program import TraceError
     from partir.ir.specs import PlanError
     from partir.solver.prune import InfeasibleMemory
 
+    as_json = getattr(args, "json", False)
     try:
         return args.fn(args)
-    except GoalError as err:
-        print(str(err), file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (PlanError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except TraceError as err:
-        where = f"{args.goal}: " if getattr(args, "goal", None) else ""
-        print(f"{where}error: {err}; check the program and inputs statements", file=sys.stderr)
+    except (GoalError, PlanError, OSError, TraceError) as err:
+        if isinstance(err, GoalError):
+            message = str(err)
+        elif isinstance(err, TraceError):
+            where = f"{args.goal}: " if getattr(args, "goal", None) else ""
+            message = f"{where}error: {err}; check the program and inputs statements"
+        else:
+            message = f"error: {err}"
+        print(message, file=sys.stderr)
+        if as_json:
+            _print_error(message.splitlines()[0], EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except InfeasibleMemory as err:
         print(f"error: {err}", file=sys.stderr)
+        if as_json:
+            _print_error(str(err), EXIT_INFEASIBLE, smallest_memory_bytes=err.smallest_bytes,
+                         memory_limit_bytes=err.limit_bytes, axis=err.axis)  # fmt: skip
         return EXIT_INFEASIBLE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        if as_json:
+            _print_error("interrupted", 130)
         return 130
 
 
