@@ -7,6 +7,7 @@ from partir.ir.cost import Collective, Cost
 from partir.ir.program import TraceError
 from partir.ir.rules import UnknownPrimitiveWarning
 from partir.ir.specs import PlanError
+from partir.jax_api import jit
 from partir.solver.plan import Plan, evaluate
 from partir.solver.plan import make_plan as plan
 from partir.solver.prune import InfeasibleMemory
@@ -27,6 +28,7 @@ __all__ = [
     "UnknownPrimitiveWarning",
     "evaluate",
     "experts",
+    "jit",
     "load_goal",
     "load_goal_text",
     "plan",
