@@ -113,7 +113,7 @@ def cmd_solve(args) -> int:
     from rich.table import Table
 
     from partir.ir.cost import fmt_bytes
-    from partir.solver.search import solve
+    from partir.solver.mesh_search import solve_goal as solve
 
     console = _console()
     goal = _load(args.goal)
@@ -161,6 +161,8 @@ def cmd_solve(args) -> int:
             t.add_row(pattern, spec)
         console.print(t)
         console.print(_cost_table("cost per device", plan.cost, plan.baselines))
+        if plan.search.get("meshes"):
+            console.print(_mesh_table(plan))
         s = plan.search
         console.print(
             f"searched {s['episodes']} episodes in {s['seconds']:.2f} s; actions "
@@ -185,6 +187,23 @@ def cmd_solve(args) -> int:
                          plan=json.loads(plan.to_json()))  # fmt: skip
         return EXIT_INFEASIBLE
     return EXIT_OK
+
+
+def _mesh_table(plan):
+    from rich.table import Table
+
+    from partir.solver.mesh_search import mesh_rows
+
+    t = Table(title=f"mesh shapes tried ({plan.goal.num_devices} devices)", title_justify="left",
+              caption="step and peak memory per device are estimates of the cost model; every "
+              "shape is searched briefly, the best again in full", caption_justify="left")  # fmt: skip
+    t.add_column("mesh")
+    t.add_column("step", justify="right")
+    t.add_column("peak", justify="right")
+    t.add_column("")
+    for row in mesh_rows(plan):
+        t.add_row(*row)
+    return t
 
 
 def _print_error(message: str, code: int, **numbers) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -68,6 +69,31 @@ class Search:
             raise ValueError(f"prune must be 'cpsat' or None, not {self.prune!r}")
         if self.rollout not in ("random", "greedy"):
             raise ValueError(f"rollout must be 'random' or 'greedy', not {self.rollout!r}")
+
+
+_SHARED_TRACES: list[dict] = []
+
+
+@contextlib.contextmanager
+def shared_traces():
+    """Within it, goals of one function on args of the same shapes and dtypes share one
+    trace (the mesh search solves one program on many meshes, with its shallow copies)."""
+    _SHARED_TRACES.append(_SHARED_TRACES[-1] if _SHARED_TRACES else {})
+    try:
+        yield
+    finally:
+        _SHARED_TRACES.pop()
+
+
+def _trace_key(fn: Callable, args: Sequence[Any]) -> tuple | None:
+    import jax
+
+    leaves, tree = jax.tree_util.tree_flatten(tuple(args))
+    sig = tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves)
+    try:
+        return hash((fn, tree, sig)) and (fn, tree, sig)
+    except TypeError:  # an unhashable function object: trace it every time
+        return None
 
 
 def read_mesh(mesh: Any) -> tuple[Any, dict[str, int | None]]:
@@ -169,8 +195,14 @@ class Goal:
 
     @functools.cached_property
     def program(self) -> Program:
+        key = _trace_key(self.fn, self.args) if _SHARED_TRACES else None
+        if key is not None and key in _SHARED_TRACES[-1]:
+            return _SHARED_TRACES[-1][key]
         with paused_gc():
-            return trace(self.fn, self.args)
+            prog = trace(self.fn, self.args)
+        if key is not None:
+            _SHARED_TRACES[-1][key] = prog
+        return prog
 
     @functools.cached_property
     def propagator(self) -> Propagator:
