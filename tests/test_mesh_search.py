@@ -158,3 +158,17 @@ def test_64_chips_gpt_data_fsdp_tensor_no_worse_than_meshes_chosen_by_hand():
         mesh = {"data": data, "fsdp": fsdp, "tensor": tensor}
         hand = partir.solve(partir.Goal(gpt.train_step, args, mesh=mesh, **common), baselines=False)
         assert plan.cost.step_time_s <= hand.cost.step_time_s * 1.001, mesh
+
+
+def test_a_deep_model_is_screened_on_its_shallow_copies():
+    args = mlp.example_args(preset="tiny", layers=6, d_in=64, d_out=64)  # a stack of 6
+    goal = partir.Goal(mlp.train_step, args, mesh={"batch": None, "model": None}, devices=8,
+                       schedule=[st.batch("batch"), st.megatron("model")],
+                       search=partir.Search(episodes=12, seed=0))  # fmt: skip
+    plan = partir.solve(goal)
+    screened = [r for r in plan.search["meshes"] if r["round"] == "screened"]
+    assert len(screened) == 4
+    assert all("1- and 2-layer copies" in r["estimate"] for r in screened)
+    chosen = [r for r in plan.search["meshes"] if r["chosen"]]
+    assert chosen[0]["round"] == "searched" and "estimate" not in chosen[0]
+    assert chosen[0]["step_time_s"] == plan.cost.step_time_s

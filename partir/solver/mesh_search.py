@@ -9,7 +9,9 @@ returned with `plan.mesh` set and every shape tried in `plan.search["meshes"]`.
 
 The program is traced once and shared; each shape gets its own propagator, cost model and
 search, with the goal's `Search` options. Expert plans are costed for the chosen shape only. Every shape is searched briefly
-first, and the best few again with the goal's whole `Search` (see `solve_mesh`).
+first (a deep model on its 2-layer copy, the costs of the 1- and 2-layer copies
+extrapolated to its depth), and the best few again with the goal's whole `Search` on the
+whole program (see `solve_mesh`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from partir.goal import Goal, shared_traces
 from partir.ir.cost import fmt_bytes
 from partir.ir.specs import PlanError
+from partir.solver.plan import make_plan
 
 
 def factorizations(n: int, k: int) -> Iterator[tuple[int, ...]]:
@@ -88,7 +91,8 @@ def solve_mesh(
 ) -> Any:
     """The best plan over every mesh shape of `goal` (see the module docstring).
 
-    Two rounds: every shape is searched briefly (`SCREEN_EPISODES`), then the best few
+    Two rounds: every shape is searched briefly (`SCREEN_EPISODES`; see `_screen_one`),
+    then the best few
     (at most `FINALISTS`, within `FINALIST_RATIO` of the best screened cost) with the
     goal's own `Search`; the plan returned is the best of those. With the goal's
     `Search(episodes=...)` at most the screening budget, every shape gets the full search.
@@ -119,6 +123,37 @@ def _solve_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tuple
     return row, plan
 
 
+def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tuple[dict, Any]:
+    """(the shape's row, its estimated cost or None): on a deep model, the plan searched
+    on its 2-layer copy, applied to the 1-layer copy, the two costs extrapolated to the
+    full depth (as the search's own proxy does); else a brief search of the whole."""
+    from partir.ir.specs import to_spec
+    from partir.solver.proxy import extrapolate, make_proxy
+    from partir.solver.prune import InfeasibleMemory
+    from partir.solver.search import solve
+    from partir.solver.spec_tree import _escape
+
+    proxy, _ = make_proxy(with_mesh(goal, mesh, search)) if search.proxy else (None, "")
+    if proxy is None:
+        row, plan = _solve_one(goal, mesh, search, progress)
+        return row, plan.cost if plan is not None else None
+    t = time.perf_counter()
+    row: dict[str, Any] = {"mesh": mesh}
+    one, two = proxy.shallow
+    try:
+        p2 = solve(two, progress=progress, baselines=False)
+        specs = {_escape(p): to_spec(s) for p, s in p2.in_shardings.items()}
+        p1 = make_plan(one, specs, strict=False)
+    except (PlanError, InfeasibleMemory) as e:
+        row.update(error=str(e).splitlines()[0], seconds=time.perf_counter() - t)
+        return row, None
+    c = extrapolate([p1.cost, p2.cost], proxy.layers)
+    row.update(step_time_s=c.step_time_s, peak_memory_bytes=c.peak_memory_bytes, fits=c.fits,
+               episodes=p2.search["episodes"], seconds=time.perf_counter() - t,
+               estimate=f"extrapolated to {proxy.layers} layers from 1- and 2-layer copies")  # fmt: skip
+    return row, c
+
+
 def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
     from partir.solver.search import _better, metric
     from partir.strategies.experts import expert_plans
@@ -128,33 +163,39 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
     first = dataclasses.replace(full, episodes=SCREEN_EPISODES) if screen else full
     rows: list[dict[str, Any]] = []
     found: dict[tuple, Any] = {}
+    costs: dict[tuple, Any] = {}
     for mesh in candidate_meshes(goal):
-        row, plan = _solve_one(goal, mesh, first, progress)
-        row["round"] = "screened" if screen else "searched"
+        if screen:
+            row, cost = _screen_one(goal, mesh, first, progress)
+            row["round"] = "screened"
+            if cost is not None:
+                costs[tuple(mesh.values())] = (mesh, cost)
+        else:
+            row, plan = _solve_one(goal, mesh, first, progress)
+            row["round"] = "searched"
+            if plan is not None:
+                found[tuple(mesh.values())] = plan
         rows.append(row)
-        if plan is not None:
-            found[tuple(mesh.values())] = plan
         if on_mesh is not None:
             on_mesh(row)
-    if not found:
+    if not found and not costs:
         reasons = "; ".join(f"{_mesh_str(r['mesh'])}: {r['error']}" for r in rows[:3])
         more = f" (and {len(rows) - 3} more)" if len(rows) > 3 else ""
         raise PlanError(f"no mesh shape of {goal.num_devices} devices works: {reasons}{more}")
     if screen:
-        ranked = sorted(found.values(), key=functools.cmp_to_key(
-            lambda a, b: -1 if _better(a.goal, a.cost, b.cost) else
-            (1 if _better(a.goal, b.cost, a.cost) else 0)))  # fmt: skip
-        top = metric(goal, ranked[0].cost)
-        finalists = [p for p in ranked[:FINALISTS]
-                     if p.cost.fits == ranked[0].cost.fits
-                     and metric(goal, p.cost) <= FINALIST_RATIO * top]  # fmt: skip
-        found = {}
-        for p in finalists:
-            row, plan = _solve_one(goal, dict(p.mesh), full, progress)
+        ranked = sorted(costs.values(), key=functools.cmp_to_key(
+            lambda a, b: -1 if _better(goal, a[1], b[1]) else
+            (1 if _better(goal, b[1], a[1]) else 0)))  # fmt: skip
+        top = ranked[0][1]
+        finalists = [m for m, c in ranked[:FINALISTS]
+                     if c.fits == top.fits
+                     and metric(goal, c) <= FINALIST_RATIO * metric(goal, top)]  # fmt: skip
+        for mesh in finalists:
+            row, plan = _solve_one(goal, dict(mesh), full, progress)
             row["round"] = "searched"
             rows.append(row)
             if plan is not None:
-                found[tuple(p.mesh.values())] = plan
+                found[tuple(mesh.values())] = plan
             if on_mesh is not None:
                 on_mesh(row)
     best = None
@@ -186,6 +227,8 @@ def mesh_rows(plan: Any) -> list[tuple[str, str, str, str]]:
             out.append((_mesh_str(r["mesh"]), "-", "-", r["error"]))
             continue
         notes = [f"{r['round']} ({r['episodes']} episodes)"]
+        if "estimate" in r:
+            notes.append("on 1- and 2-layer copies, extrapolated")
         if not r["fits"]:
             notes.append("over the memory limit")
         if r.get("chosen"):
