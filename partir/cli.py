@@ -225,10 +225,21 @@ def cmd_check(args) -> int:
 
 
 def _load_plan(goal, path):
+    """The plan file on the goal; a goal whose mesh has open axes takes the plan's shape
+    when it is one of its factorizations (what `solve` chose)."""
+    from partir.solver.mesh_search import candidate_meshes, with_mesh
     from partir.solver.plan import Plan
 
     with open(path) as f:
-        return Plan.from_json(f.read(), goal)
+        text = f.read()
+    if goal.open_axes:
+        try:
+            mesh = json.loads(text).get("mesh")
+        except (ValueError, AttributeError):
+            mesh = None
+        if mesh in candidate_meshes(goal):
+            goal = with_mesh(goal, mesh)
+    return Plan.from_json(text, goal)
 
 
 def cmd_verify(args) -> int:
@@ -237,6 +248,7 @@ def cmd_verify(args) -> int:
     console = _console()
     goal = _load(args.goal)
     plan = _load_plan(goal, args.plan)
+    goal = plan.goal or goal  # an open mesh's goal on the plan's shape
     report = verify(goal, plan)
     numerics = None
     if args.numerics:
@@ -271,6 +283,7 @@ def cmd_explain(args) -> int:
 
     goal = _load(args.goal)
     plan = _load_plan(goal, args.plan)
+    goal = plan.goal or goal  # an open mesh's goal on the plan's shape
     print(explain(goal, plan, plot=args.plot))
     return EXIT_OK
 

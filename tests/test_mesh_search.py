@@ -172,3 +172,14 @@ def test_a_deep_model_is_screened_on_its_shallow_copies():
     chosen = [r for r in plan.search["meshes"] if r["chosen"]]
     assert chosen[0]["round"] == "searched" and "estimate" not in chosen[0]
     assert chosen[0]["step_time_s"] == plan.cost.step_time_s
+
+
+def test_verify_and_explain_read_a_plan_of_an_open_goal_on_its_chosen_shape(tmp_path, capsys):
+    path = tmp_path / "open.partir"
+    path.write_text(GOAL.format(mesh="batch=?, model=? over 8"))
+    out = tmp_path / "plan.json"
+    assert main(["solve", str(path), "--out", str(out)]) == 0
+    assert main(["explain", str(path), str(out)]) == 0
+    assert "where the collectives come from" in capsys.readouterr().out
+    assert main(["verify", str(path), str(out), "--json"]) in (0, 1)  # ran, compared with XLA
+    assert "compiled" in json.loads(capsys.readouterr().out)

@@ -89,3 +89,14 @@ def test_keyword_arguments_are_refused_with_a_reason():
         f(params, x, scale=1.0)
     with pytest.raises(ValueError, match="both static and donated"):
         partir.jit(step, mesh=MESH, static_argnums=0, donate_argnums=0)
+
+
+def test_the_mesh_shape_chosen_at_the_first_call():
+    f = partir.jit(step, mesh={"batch": None, "model": None}, devices=8, schedule=SCHEDULE,
+                   search=FAST, static_argnums=2)  # fmt: skip
+    params, x = example()
+    out = f(params, x, 1.0)
+    assert f.plan.mesh["batch"] * f.plan.mesh["model"] == 8
+    assert len(f.plan.search["meshes"]) >= 4
+    assert dict(out["y"].sharding.mesh.shape) == f.plan.mesh
+    assert_close(out, jax.jit(step, static_argnums=2)(params, x, 1.0))
