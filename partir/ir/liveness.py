@@ -7,10 +7,12 @@ XLA never stores every value of a program. What it does, and what this module mo
   readers and never materialises them; any device makes them in any sharding.
 - Dead code: a value no op reads and the program does not return, and the ops that only feed
   such values. XLA removes them.
-- Fusion: a pointwise or layout op whose one result has exactly one reader, itself pointwise,
-  layout or a reduction, runs inside that reader's kernel (XLA:CPU's loop and input fusions);
-  its result is no buffer, and its operands are read where the fused kernel runs. Matmul and
-  convolution operands are materialised (as XLA:CPU's library calls need).
+- Fusion: a pointwise or layout op whose result is read only by pointwise, layout or
+  reduction ops runs inside their kernels (XLA's loop and input fusions): with one reader
+  always, with several only if it is cheap to compute again in each (not a transcendental or
+  a division, which XLA keeps in a buffer). Its result is no buffer, and its operands are
+  read where the last fused kernel runs. Matmul and convolution operands are materialised (as
+  XLA:CPU's library calls need).
 - Loops: a loop's stacked inputs and constants live until the body's last use of them; its
   stacked outputs (a scan's residuals) live from the iteration that first writes them.
 
@@ -40,6 +42,12 @@ FUSIBLE = (frozenset(POINTWISE) | LAYOUT) - _NOT_FUSED
 FUSES_INPUTS = FUSIBLE | frozenset((
     "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
     "argmax", "argmin",
+))  # fmt: skip
+# pointwise ops XLA does not duplicate into several readers (transcendentals, division)
+EXPENSIVE = frozenset((
+    "exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "div", "rem", "pow", "sqrt",
+    "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2", "lgamma", "digamma",
+    "integer_pow",
 ))  # fmt: skip
 # link kinds whose outer value the loop body reads on every iteration
 _READ_IN_BODY = frozenset(("const", "xs", "operand"))
@@ -112,12 +120,13 @@ def analyse(program: Program, operands: Sequence[Sequence[int]], *, donate: bool
         if len(op.outputs) != 1 or op.primitive not in FUSIBLE:
             continue
         (v,) = op.outputs
-        if v in free or is_output[v] or len(readers[v]) != 1:
+        rs = readers[v]
+        if v in free or is_output[v] or not rs or len(rs) > 1 and op.primitive in EXPENSIVE:
             continue
-        r = readers[v][0]
-        if ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity:
+        if all(ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity
+               for r in rs):  # fmt: skip
             fused.add(v)
-            position[i] = position[r]
+            position[i] = max(position[r] for r in rs)
 
     stored = live.copy()
     stored[list(free | fused)] = False
