@@ -180,10 +180,14 @@ def cmd_solve(args) -> int:
             f"{fmt_bytes(plan.cost.peak_memory_bytes)} per device (estimate), the limit is "
             f"{fmt_bytes(goal.memory_limit)}"
         )
-        console.print(f"error: {message}")
+        largest = goal.cost_model.peak_buffers(plan.state)
+        console.print(f"error: {message}; the largest buffers live at its peak:")
+        for nbytes, what in largest:
+            console.print(f"  {fmt_bytes(nbytes):>12}  {what}")
         if args.json:
             _print_error(message, EXIT_INFEASIBLE, peak_memory_bytes=plan.cost.peak_memory_bytes,
                          memory_limit_bytes=goal.memory_limit,
+                         largest_buffers=[{"bytes": n, "what": w} for n, w in largest],
                          plan=json.loads(plan.to_json()))  # fmt: skip
         return EXIT_INFEASIBLE
     return EXIT_OK

@@ -397,6 +397,41 @@ class CostModel:
 
     def cost(self, state: State, *, detail: bool = True) -> Cost:
         """The cost of `state`; `detail=False` skips the per-collective sources."""
+        compute, comm, flops, by_kind, colls, comm_bytes, lb, extra = self._walk(state, detail)
+        return Cost(
+            step_time_s=compute + comm,
+            compute_s=compute,
+            comm_s=comm,
+            argument_bytes=int(lb[self.is_input].sum()),
+            peak_memory_bytes=liveness.peak(lb, self.liveness, extra)[1],
+            comm_bytes=int(comm_bytes),
+            flops=flops,
+            collectives=colls,
+            comm_s_by_kind=by_kind,
+            memory_limit=self.memory_limit,
+        )
+
+    def peak_buffers(self, state: State, top: int = 5) -> list[tuple[int, str]]:
+        """The `top` largest buffers live at the peak of `state`, as (bytes, what it is and
+        where the program makes it), largest first."""
+        *_, lb, extra = self._walk(state, False)
+        at, _ = liveness.peak(lb, self.liveness, extra)
+        prog = self.program
+        found = []
+        for v in liveness.live_at(lb, self.liveness, at)[:top]:
+            i = prog.producer[v]
+            what = prog.input_paths.get(v) or (
+                f"{prog.ops[i].primitive}{prog.ops[i].location}" if i is not None else f"value {v}"
+            )
+            found.append((int(lb[v]), f"{what} {prog.values[v].shape}"))
+        for start, stop, nbytes in extra:
+            if start <= at <= stop and nbytes > 0:
+                found.append((int(nbytes), "a resharded operand or an unreduced partial sum"))
+        return sorted(found, key=lambda f: -f[0])[:top]
+
+    def _walk(self, state: State, detail: bool):
+        """One pass over the ops: (compute s, comm s, flops, comm s by kind, collectives,
+        comm bytes, local bytes per value, extra buffers as (start, end, bytes))."""
         dev = self.device
         compute = comm = flops_total = 0.0
         by_kind = dict.fromkeys(KINDS, 0.0)
@@ -458,20 +493,7 @@ class CostModel:
         lb = self.local_bytes(state)
         extra = [tuple(b) for b in buffers.values()]
         extra += self._unreduced(partials, lb)
-        args = int(lb[self.is_input].sum())
-        peak = liveness.peak(lb, self.liveness, extra)[1]
-        return Cost(
-            step_time_s=compute + comm,
-            compute_s=compute,
-            comm_s=comm,
-            argument_bytes=args,
-            peak_memory_bytes=peak,
-            comm_bytes=int(comm_bytes),
-            flops=flops_total,
-            collectives=colls,
-            comm_s_by_kind=by_kind,
-            memory_limit=self.memory_limit,
-        )
+        return compute, comm, flops_total, by_kind, colls, comm_bytes, lb, extra
 
 
     def _unreduced(self, partials, lb: np.ndarray) -> list[tuple[int, int, float]]:

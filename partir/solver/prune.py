@@ -97,9 +97,10 @@ def prune_actions(
     smallest = fixed + activations + sum(sum(local[v] for v in g) / rest / n for g in groups)
     if not _feasible(m):
         err = InfeasibleMemory(
-            f"the smallest possible per-device memory is {fmt_bytes(smallest)}; the limit is "
-            f"{fmt_bytes(limit)} (arguments tiled on every axis of the schedule, activations "
-            "estimated); raise the limit, add mesh axes, or add zero/fsdp to the schedule"
+            f"every plan of this schedule needs at least {fmt_bytes(smallest)} per device; the "
+            f"limit is {fmt_bytes(limit)} (a lower bound: arguments tiled on every axis of the "
+            "schedule, the activations of the cost model divided by every axis); raise the "
+            "limit, add mesh axes, or add zero/fsdp to the schedule"
         )
         err.smallest_bytes, err.limit_bytes, err.axis = int(smallest), int(limit), problem.axis
         raise err
