@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import partir
 from partir import strategies as st

@@ -495,7 +495,6 @@ class CostModel:
         extra += self._unreduced(partials, lb)
         return compute, comm, flops_total, by_kind, colls, comm_bytes, lb, extra
 
-
     def _unreduced(self, partials, lb: np.ndarray) -> list[tuple[int, int, float]]:
         """Buffers of partial sums: each lives until the reduction of its group runs (XLA's
         combiners fuse reductions that do not depend on each other into one, after the last
