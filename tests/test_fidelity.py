@@ -12,10 +12,9 @@ from partir.models import gpt
 from partir.solver.plan import make_plan
 from partir.solver.verify import close, priced_comm_s, verify
 from partir.strategies.experts import (
-    MEGATRON,
-    _fill,
     batch_rules,
     expert_schedules,
+    megatron_rules,
     zero_rules,
 )
 
@@ -105,7 +104,7 @@ def test_megatron_layer_closed_form():
     # column-parallel input projection: q, k, v and MLP-in, as XLA compiles separate q/k/v.
     goal = goal_for("gpt", {"model": 4})
     cfg = gpt.PRESETS["tiny"]
-    plan = make_plan(goal, _fill(MEGATRON, m="model"))
+    plan = make_plan(goal, megatron_rules(goal, "model"))
     act = cfg["batch"] * cfg["seq"] * cfg["d_model"] * 4
     ar = [c for c in plan.cost.collectives if c.kind == "all-reduce" and c.bytes == act]
     assert len(ar) == 6 * cfg["layers"]

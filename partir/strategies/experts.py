@@ -58,7 +58,9 @@ def _scanned(goal: Goal) -> bool:
 def _per_layer(goal: Goal, rules: dict, axis: str) -> Rules:
     """Rules written for one layer's weights, on `axis`, shifted past the layer dim when
     stacked (the leading "layers" logical axis of MaxText's scanned parameters)."""
-    filled = _fill(rules, m=axis)
+    paths = list(goal.program.inputs)
+    # a family's optional weights (SwiGLU's gate) only where the model has them
+    filled = {k: s for k, s in _fill(rules, m=axis).items() if any(glob_match(k, p) for p in paths)}
     if not _scanned(goal):
         return filled
     return {k: P(None, *spec) for k, spec in filled.items()}
