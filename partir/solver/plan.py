@@ -16,6 +16,7 @@ from partir.ir.propagate import Decision, Sharding, State
 from partir.ir.specs import (
     PlanError,
     check_sharding,
+    did_you_mean,
     resolve,
     spec_from_json,
     spec_to_json,
@@ -307,37 +308,107 @@ def partition_rules(shardings: Mapping[str, Sharding]) -> list[tuple[str, Shardi
 
 
 def replay(goal: Goal, d: Mapping[str, Any]) -> Plan:
-    """A searched plan from its file: the recorded propagation calls, replayed in order,
-    give back the very state the search reached (input specs alone may not)."""
+    """A plan from its file. The specs the file shows are the plan; the recorded
+    propagation calls, replayed in order, give back the very state the search reached
+    (input specs alone may not), and are used when they give those specs. When they do
+    not (the specs were edited, or the decisions), the plan is made from the specs."""
     prog, prop = goal.program, goal.propagator
+    specs = _file_specs(goal, d["specs"])
+    calls = _file_decisions(goal, d["decisions"])
     state = prop.empty()
-    calls = []
-    for call in d["decisions"]:
+    for decisions in calls:
+        # a rejected decision changes nothing: the specs check below sees the outcome
+        state = prop.apply_all(state, decisions)[0]
+    plan = Plan(goal, state, goal.cost_model.cost(state), search=d.get("search", {}))
+    want = {p: specs.get(p, ((),) * len(prog.values[v].shape)) for p, v in prog.inputs.items()}
+    if plan.in_shardings == want:
+        plan.decisions = calls
+    else:
+        plan = make_plan(goal, {p: to_spec(s) for p, s in specs.items()})
+        plan.search = dict(d.get("search", {}))
+    plan.baselines = {k: Cost.from_dict(c) for k, c in d.get("baselines", {}).items()}
+    return plan
+
+
+def _file_specs(goal: Goal, entries: Mapping[str, Any]) -> dict[str, Sharding]:
+    """A plan file's `specs`, checked against the goal: inputs the program has, mesh axes
+    once per input and dividing their dims, none that a replicate statement keeps off."""
+    prog, prop = goal.program, goal.propagator
+    if not isinstance(entries, Mapping):
+        raise PlanError(f"the plan file's specs are a {type(entries).__name__}, not an object")
+    specs = {}
+    for path, entry in entries.items():
+        if path not in prog.inputs:
+            raise PlanError(
+                f"the plan file gives a spec for {path!r}, which the program lacks"
+                f"{did_you_mean(path, prog.inputs)}; solve the goal again"
+            )
+        if not isinstance(entry, list) or not all(
+            e is None or isinstance(e, str) or (isinstance(e, list) and all(isinstance(a, str)
+                                                                           for a in e))
+            for e in entry
+        ):  # fmt: skip
+            raise PlanError(
+                f"the plan file's spec for {path!r} is {entry!r}; a spec is a list of null, "
+                'an axis name, or a list of axis names: ["batch", null]'
+            )
+        vid = prog.inputs[path]
+        shape = prog.values[vid].shape
+        sharding = to_sharding(spec_from_json(entry), len(shape))
+        check_sharding(path, shape, sharding, goal.mesh)
+        for axis in (a for axes in sharding for a in axes):
+            if prop.blocks(vid, axis):
+                raise PlanError(
+                    f"the plan tiles {path} on {axis!r}, which a replicate statement of the "
+                    "goal keeps whole; solve the goal again"
+                )
+        specs[path] = sharding
+    return specs
+
+
+def _file_decisions(goal: Goal, record: Any) -> list[list[Decision]]:
+    """A plan file's recorded propagation calls, checked: inputs the program has, dims
+    in range, mesh axes, and one dim per input and axis."""
+    prog = goal.program
+    if not isinstance(record, list) or not all(isinstance(c, list) for c in record):
+        raise PlanError("the plan file's decisions are not a list of lists of decisions")
+    calls, dims = [], {}
+    for call in record:
         decisions = []
-        for path, dim, axis, priority, position in call:
-            if path not in prog.inputs:
+        for entry in call:
+            if not isinstance(entry, list) or len(entry) != 5:
+                raise PlanError(
+                    f"the plan file has a decision {entry!r}; a decision is "
+                    "[path, dim, axis, priority, position]"
+                )
+            path, dim, axis, priority, position = entry
+            if not isinstance(path, str) or path not in prog.inputs:
                 raise PlanError(f"the plan file names input {path!r}, which the program lacks")
             rank = len(prog.values[prog.inputs[path]].shape)
             dim_ok = isinstance(dim, int) and not isinstance(dim, bool) and 0 <= dim < rank
-            if not dim_ok or axis not in goal.mesh:
+            if not dim_ok or not isinstance(axis, str) or axis not in goal.mesh:
                 raise PlanError(
                     f"the plan file tiles {path!r} (rank {rank}) along dim {dim!r} on axis "
                     f"{axis!r}; the goal's mesh axes are {list(goal.mesh)}"
                 )
-            decisions.append(Decision(int(priority), prog.inputs[path], dim, axis, int(position)))
-        state, rejected = prop.apply_all(state, decisions)
-        blocked = [d for d in rejected if prop.blocks(d.value, d.axis)]
-        if blocked:  # the goal gained a replicate statement since the plan was made
-            d = blocked[0]
-            raise PlanError(
-                f"the plan tiles {prog.input_paths[d.value]} on {d.axis!r}, which a replicate "
-                "statement of the goal keeps whole; solve the goal again"
-            )
+            if not all(_small_int(x) for x in (priority, position)):
+                raise PlanError(
+                    f"the plan file's decision {entry!r} has a priority or position that "
+                    "is not a small whole number"
+                )
+            first = dims.setdefault((path, axis), dim)
+            if first != dim:
+                raise PlanError(
+                    f"the plan file tiles {path!r} on axis {axis!r} along dims {first} and "
+                    f"{dim}; a mesh axis tiles one dim of an input"
+                )
+            decisions.append(Decision(priority, prog.inputs[path], dim, axis, position))
         calls.append(decisions)
-    plan = Plan(goal, state, goal.cost_model.cost(state), search=d.get("search", {}))
-    plan.decisions = calls
-    plan.baselines = {k: Cost.from_dict(c) for k, c in d.get("baselines", {}).items()}
-    return plan
+    return calls
+
+
+def _small_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and abs(x) < 2**31
 
 
 def input_decisions(
