@@ -126,8 +126,6 @@ def cmd_solve(args) -> int:
             seconds=args.seconds if args.seconds is not None else goal.search.seconds,
             prune=None if args.no_prune else goal.search.prune,
         )
-    for note in goal.notes:
-        console.print(note)
     show = console.is_terminal and not args.json
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -139,7 +137,9 @@ def cmd_solve(args) -> int:
         transient=True,
     ) as bar:
         task = bar.add_task("tracing", total=None, episode=0, best=0.0)
-        goal.program  # noqa: B018  (trace once, visibly)
+        goal.program  # noqa: B018  (trace once, visibly; tracing may add notes)
+        for note in goal.notes:
+            console.print(note)
 
         def progress(axis, episode, seconds, best):
             bar.update(task, description=f"axis {axis}", episode=episode, best=best)

@@ -70,6 +70,27 @@ class Search:
             raise ValueError(f"rollout must be 'random' or 'greedy', not {self.rollout!r}")
 
 
+# argument names that hold parameters, not data, in a program that carries no state
+PARAMETER_ARGS = frozenset(
+    {"params", "parameters", "variables", "weights", "model", "state", "opt_state", "optimizer"}
+)
+
+
+def _arg_heads(prog: Program) -> list[str]:
+    return list(dict.fromkeys(p.split("/", 1)[0] for p in prog.inputs))
+
+
+def _uncarried_data(prog: Program) -> list[str] | None:
+    """For a program that carries no state: the arguments that are data (those not named
+    like parameters). None when the program carries state, or when no argument is named
+    like parameters (every input is then data, as with carried state left out)."""
+    if prog.carried:
+        return None
+    heads = _arg_heads(prog)
+    data = [a for a in heads if a not in PARAMETER_ARGS]
+    return data if data and len(data) < len(heads) else None
+
+
 class Goal:
     """A planning problem. The program is traced once, lazily, and shared by all plans."""
 
@@ -103,7 +124,7 @@ class Goal:
         self.objective = objective
         self.schedule = list(schedule)
         self.search = search or Search()
-        self.data_inputs = list(data_inputs) if data_inputs is not None else None
+        self._data_inputs = list(data_inputs) if data_inputs is not None else None
         self.donate = donate
         # the user's with_sharding_constraint / reshard calls: decisions of the highest
         # priority (True), or ignored and replaced by partir's sharding in plan.jit (False)
@@ -121,7 +142,37 @@ class Goal:
     @functools.cached_property
     def program(self) -> Program:
         with paused_gc():
-            return trace(self.fn, self.args)
+            prog = trace(self.fn, self.args)
+        data = _uncarried_data(prog)
+        if data is not None and self._data_inputs is None and self._batches_by_default():
+            self.notes.append(
+                f"note: the program carries no state (no output is the next version of an "
+                f"input), so batch takes the inputs of {', '.join(map(repr, data))} as data "
+                f"and keeps {', '.join(repr(a) for a in _arg_heads(prog) if a not in data)} "
+                "replicated; name the data with batch(inputs=...) to choose otherwise"
+            )
+        return prog
+
+    @property
+    def data_inputs(self) -> list[str] | None:
+        """Globs of the data inputs the batch strategies tile. None: every input that is
+        not carried state; but for a program that carries no state (a forward pass,
+        `apply(params, x)`), the arguments named like parameters (`params`, `variables`,
+        `model`, ...) are not data."""
+        if self._data_inputs is not None:
+            return self._data_inputs
+        data = _uncarried_data(self.program)
+        return None if data is None else [g for a in data for g in (a, f"{a}/**")]
+
+    @data_inputs.setter
+    def data_inputs(self, value: Sequence[str] | None) -> None:
+        self._data_inputs = list(value) if value is not None else None
+
+    def _batches_by_default(self) -> bool:
+        from partir.strategies.base import FSDP, Batch
+
+        return any(isinstance(s, FSDP) or (isinstance(s, Batch) and s.inputs is None)
+                   for s in self.schedule)  # fmt: skip
 
     @functools.cached_property
     def propagator(self) -> Propagator:
