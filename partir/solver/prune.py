@@ -12,7 +12,10 @@ declared limits infeasible that the plan meets.
 
 The pass removes every action that is part of no feasible assignment, finds the groups
 that every feasible assignment tiles (the search may not stop before it has tiled them),
-and when nothing is feasible says why with numbers.
+and when nothing is feasible says why with numbers. A limit that every assignment meets
+prunes nothing, and CP-SAT is not asked (a limit of 1e22 bytes overflowed its integers).
+The model is solved by `partir.solver.cpsat`: in a subprocess once TensorFlow has been
+imported, with which OR-tools' native code crashes in one process.
 """
 
 from __future__ import annotations
@@ -20,11 +23,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ortools.sat.python import cp_model
-
 from partir.goal import Goal
 from partir.ir.cost import Cost, fmt_bytes
 from partir.ir.propagate import State
+from partir.solver import cpsat
 from partir.strategies.compile import AxisProblem, schedule_axes
 
 
@@ -73,38 +75,26 @@ def prune_actions(
     # inputs no action tiles may still be tiled on this axis by propagation or ZeRO
     fixed = sum(local[v] for v in inputs if v not in in_group) / (rest * n)
 
-    m = cp_model.CpModel()
-    choice = {i: m.new_bool_var(f"a{i}") for i in range(len(problem.actions))}
-    whole = {g: m.new_bool_var(f"whole{k}") for k, g in enumerate(groups)}
-    terms = []
+    model: list[tuple[int, list[int]]] = []
     for g, idx in groups.items():
-        m.add_exactly_one([whole[g]] + [choice[i] for i in idx])
         size = sum(local[v] for v in g) / rest
-        terms.append(math.floor(size / SCALE) * whole[g])
-        for i in idx:
-            terms.append(math.floor(size / n / SCALE) * choice[i])
+        model.append((math.floor(size / SCALE), [math.floor(size / n / SCALE)] * len(idx)))
+    largest = fixed + activations + sum(sum(local[v] for v in g) / rest for g in groups)
+    if limit >= largest:  # every assignment fits: nothing to prune (nor a huge budget to pass)
+        return Pruned(list(problem.actions), [], 0)
     budget = math.ceil((limit - fixed - activations) / SCALE)
-    m.add(sum(terms) <= budget)
     smallest = fixed + activations + sum(sum(local[v] for v in g) / rest / n for g in groups)
-    if not _feasible(m):
+    order = [i for idx in groups.values() for i in idx]  # action index of each model action
+    queries = [None, *(("action", j) for j in range(len(order))),
+               *(("whole", k) for k in range(len(groups)))]  # fmt: skip
+    answers = cpsat.feasible(model, budget, queries)
+    if not answers[0]:
         raise InfeasibleMemory(
             f"the smallest possible per-device memory is {fmt_bytes(smallest)}; the limit is "
             f"{fmt_bytes(limit)} (arguments tiled on every axis of the schedule, activations "
             "estimated); raise the limit, add mesh axes, or add zero/fsdp to the schedule"
         )
-    kept = [a for i, a in enumerate(problem.actions) if _feasible(m, [choice[i]])]
-    must = [g for g in groups if not _feasible(m, [whole[g]])]
+    ok_action = {order[j]: answers[1 + j] for j in range(len(order))}
+    kept = [a for i, a in enumerate(problem.actions) if ok_action[i]]
+    must = [g for k, g in enumerate(groups) if not answers[1 + len(order) + k]]
     return Pruned(kept, must, len(problem.actions) - len(kept))
-
-
-def _feasible(m: cp_model.CpModel, assume: list | None = None) -> bool:
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 5.0
-    solver.parameters.num_workers = 1
-    if assume:
-        m.clear_assumptions()
-        m.add_assumptions(assume)
-    status = solver.solve(m)
-    m.clear_assumptions()
-    # UNKNOWN (time limit) counts as feasible: pruning must never drop a feasible action
-    return status != cp_model.INFEASIBLE
