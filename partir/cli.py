@@ -1,6 +1,7 @@
 """The `partir` command: solve, check, verify, explain, bench.
 
-Exit status: 0 ok; 1 verify mismatch; 2 bad input; 3 no plan fits the memory limit.
+Exit status: 0 ok; 1 verify mismatch; 2 bad input; 3 no plan fits the memory limit;
+4 an unexpected error (a crash, not a verdict: the traceback is printed).
 With `--json`, exactly one JSON object goes to stdout and everything else to stderr.
 """
 
@@ -12,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
+EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_CRASH = 0, 1, 2, 3, 4
 
 
 def _fake_devices(n: int) -> None:
@@ -196,10 +197,9 @@ def cmd_check(args) -> int:
 
 
 def _load_plan(goal, path):
-    from partir.solver.plan import Plan
+    from partir.solver.plan import read_plan_file
 
-    with open(path) as f:
-        return Plan.from_json(f.read(), goal)
+    return read_plan_file(path, goal)
 
 
 def cmd_verify(args) -> int:
@@ -264,7 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seconds", type=_positive_seconds, help="cap the search time")
     s.add_argument("--no-prune", action="store_true", help="skip the CP-SAT pruning pass")
     s.set_defaults(fn=cmd_solve)
-    c = sub.add_parser("check", help="parse, resolve and trace a goal file; search nothing")
+    c = sub.add_parser(
+        "check",
+        help="parse, resolve and trace a goal file; search nothing",
+        description="Parse, resolve and trace a goal file; search nothing. A goal file is "
+        "code, like a Python script: this imports the modules it names and calls its inputs "
+        "function and program (functions of Python's standard library are refused). Check "
+        "only goal files you would run.",
+    )
     c.add_argument("goal")
     c.set_defaults(fn=cmd_check)
     v = sub.add_parser("verify", help="compile a plan with XLA and compare with the prediction")
@@ -292,11 +299,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from partir.dsl import GoalError
     from partir.ir.program import TraceError
     from partir.ir.specs import PlanError
+    from partir.solver.plan import PlanFileError
     from partir.solver.prune import InfeasibleMemory
 
     try:
         return args.fn(args)
-    except GoalError as err:
+    except (GoalError, PlanFileError) as err:
         print(str(err), file=sys.stderr)
         return EXIT_BAD_INPUT
     except (PlanError, OSError) as err:
@@ -312,6 +320,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except SystemExit as err:  # user code that calls sys.exit where nothing caught it
+        print(f"error: the program called sys.exit({err.code!r})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception:  # a crash must not read as "mismatch" (1, Python's own status)
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: partir {args.command} stopped on an unexpected error (exit status "
+              f"{EXIT_CRASH}, not a verdict); the traceback above says where: in your program, "
+              "check it; in partir, please report it", file=sys.stderr)  # fmt: skip
+        return EXIT_CRASH
 
 
 if __name__ == "__main__":

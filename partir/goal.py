@@ -12,7 +12,7 @@ from partir.ir.constraints import constraint_decisions
 from partir.ir.cost import CostModel
 from partir.ir.devices import Device, get_device
 from partir.ir.heap import paused_gc
-from partir.ir.program import Program, trace
+from partir.ir.program import Program, TraceError, trace
 from partir.ir.propagate import Propagator
 from partir.ir.specs import glob_match
 
@@ -25,12 +25,18 @@ _UNITS = {
 
 def parse_bytes(x: int | float | str | None) -> int | None:
     """`32GiB`, `"1.5 TB"`, or a number of bytes."""
-    if x is None or isinstance(x, int | float):
-        return None if x is None else int(x)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*", x)
-    if not m:
-        raise ValueError(f"cannot read {x!r} as a size; write it like 32GiB or 500MB")
-    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+    if x is None:
+        return None
+    if isinstance(x, int | float):
+        value = x
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*", x)
+        if not m:
+            raise ValueError(f"cannot read {x!r} as a size; write it like 32GiB or 500MB")
+        value = float(m.group(1)) * _UNITS[m.group(2) or ""]
+    if not 0 < value <= 1e300:  # also nan and inf
+        raise ValueError(f"a memory limit is a positive number of bytes, not {x!r}")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +137,8 @@ class Goal:
         self.honour_constraints = honour_constraints
         self.filename = filename
         self.notes = list(notes)  # things a report should tell the user (an unused axis...)
+        # set by goal files: (statement, message) -> the error at that statement's place
+        self.statement_error: Callable[[str, str], Exception] | None = None
 
     @property
     def num_devices(self) -> int:
@@ -141,8 +149,22 @@ class Goal:
 
     @functools.cached_property
     def program(self) -> Program:
-        with paused_gc():
-            prog = trace(self.fn, self.args)
+        try:
+            with paused_gc():
+                prog = trace(self.fn, self.args)
+        except SystemExit as e:
+            name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+            err: Exception = TraceError(f"tracing {name} called sys.exit({e.code!r})")
+        except TraceError as e:
+            err = e
+        else:
+            err = None
+        if err is not None:
+            if self.statement_error is None:
+                raise err from None
+            raise self.statement_error(
+                "program", f"{err}; check the program and inputs statements"
+            ) from None
         data = _uncarried_data(prog)
         if data is not None and self._data_inputs is None and self._batches_by_default():
             self.notes.append(

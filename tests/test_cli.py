@@ -106,7 +106,7 @@ def test_a_program_that_fails_to_trace_exits_2_naming_the_error(tmp_path, capsys
     for command in ("check", "solve"):
         assert main([command, str(goal)]) == 2
         err = capsys.readouterr().err
-        assert f"{goal}: error: tracing train_step" in err and "Traceback" not in err
+        assert f"{goal}:2:9: error: tracing train_step" in err and "Traceback" not in err
 
 
 def test_a_goal_file_that_begins_with_a_byte_order_mark_is_read(tmp_path, capsys):

@@ -67,8 +67,8 @@ def check_form(err: GoalError, text: str, filename: str) -> None:
     assert m["file"] == filename == err.filename
     assert int(m["line"]) == err.line and int(m["col"]) == err.column
     assert m["msg"] == err.message
-    source = text.split("\n")
-    want = source[err.line - 1].rstrip("\r") if err.line <= len(source) else ""
+    source = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # CR alone ends a line
+    want = source[err.line - 1] if err.line <= len(source) else ""
     assert lines[1] == want
     assert lines[2].endswith("^") and len(lines[2]) == err.column
     assert lines[2][:-1].strip(" \t") == ""
