@@ -52,7 +52,7 @@ class Search:
     seed: int = 0
     prune: str | None = "cpsat"
     rollout: str = "random"
-    patience: int = 200
+    patience: int | None = 200
     uct_c: float = 1.4
     proxy: bool = True  # search a deep model on its 1- and 2-layer copies (solver/proxy)
 
@@ -70,6 +70,18 @@ class Search:
                 f"episodes must be a whole number >= 1, not {self.episodes!r} (None: until "
                 "the search converges)"
             )
+        if not _whole(self.seed):
+            raise ValueError(f"seed must be a whole number, not {self.seed!r}")
+        if self.patience is not None and not (_whole(self.patience) and self.patience >= 1):
+            raise ValueError(
+                f"patience must be a whole number >= 1, not {self.patience!r} (None: search "
+                "until `seconds` or `episodes`)"
+            )
+        if not (isinstance(self.uct_c, int | float) and not isinstance(self.uct_c, bool)
+                and 0 <= self.uct_c < float("inf")):  # fmt: skip
+            raise ValueError(f"uct_c must be a finite number >= 0, not {self.uct_c!r}")
+        if not isinstance(self.proxy, bool):
+            raise ValueError(f"proxy must be True or False, not {self.proxy!r}")
         if self.prune not in (None, "cpsat"):
             raise ValueError(f"prune must be 'cpsat' or None, not {self.prune!r}")
         if self.rollout not in ("random", "greedy"):
@@ -95,6 +107,13 @@ def _uncarried_data(prog: Program) -> list[str] | None:
     heads = _arg_heads(prog)
     data = [a for a in heads if a not in PARAMETER_ARGS]
     return data if data and len(data) < len(heads) else None
+
+
+def _whole(x: Any) -> bool:
+    """An int (numpy's too), not a bool."""
+    import numbers
+
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 class Goal:
