@@ -45,3 +45,21 @@ class Unprintable(Exception):
 
 def raises_unprintable():
     raise Unprintable()
+
+
+def constrained_step(params, data):
+    mesh = jax.sharding.AbstractMesh((2,), ("batch",))
+    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch", None))
+    x = jax.lax.with_sharding_constraint(data["x"], spec)
+    return jnp.sum(jnp.tanh(x @ params["w"]))
+
+
+def two_data_args(batch=8):
+    return {"w": jax.ShapeDtypeStruct((16, 16), jnp.float32)}, {
+        "x": jax.ShapeDtypeStruct((batch, 16), jnp.float32),
+        "y": jax.ShapeDtypeStruct((3, 16), jnp.float32),
+    }
+
+
+def two_data_step(params, data):
+    return jnp.sum(data["x"] @ params["w"]) + jnp.sum(data["y"])
