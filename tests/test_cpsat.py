@@ -58,10 +58,14 @@ def test_the_subprocess_answers_as_the_in_process_solve(groups, budget):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
-def test_pruning_after_tensorflow_is_imported_does_not_crash(tmp_path):
+@pytest.mark.parametrize("module", ["tensorflow", "keras_hub"])
+def test_pruning_after_tensorflow_is_imported_does_not_crash(module):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"needs {module}")
     script = textwrap.dedent(f"""
-        import tensorflow  # OR-tools in this process would crash (exit -11)
+        import os
+        os.environ["KERAS_BACKEND"] = "jax"
+        import {module}  # imports TensorFlow: OR-tools in this process would crash (-11)
         from partir.cli import main
         raise SystemExit(main(["solve", {os.path.join(ROOT, "examples", "mlp.partir")!r},
                                "--seconds", "5"]))
