@@ -387,10 +387,16 @@ def _file_decisions(goal: Goal, record: Any) -> list[list[Decision]]:
     if not isinstance(record, list) or not all(isinstance(c, list) for c in record):
         raise PlanError("the plan file's decisions are not a list of lists of decisions")
     calls, dims = [], {}
+    seen: dict[str, int] = {}  # how often each path came before: its n-th mention
     for call in record:
         decisions = []
         for entry in call:
-            with _where("decisions", entry[0] if isinstance(entry, list) and entry else None):
+            path = entry[0] if isinstance(entry, list) and entry else None
+            mentions = []
+            if isinstance(path, str):
+                seen[path] = seen.get(path, 0) + 1
+                mentions = [path] * seen[path]
+            with _where("decisions", *mentions):
                 decisions.append(_file_decision(goal, entry, dims))
         calls.append(decisions)
     return calls
@@ -470,13 +476,14 @@ class PlanFileError(PlanError):
 
 def _locate(text: str, keys: Sequence[str]) -> tuple[int, int]:
     """(line, column) of the last of `keys` as a JSON string, each found after the one
-    before (`specs`, then the path in it); the start of the file if one is missing."""
+    before (`specs`, then the path in it; a path twice: its second mention); the start of
+    the file if one is missing."""
     pos = found = 0
     for key in keys:
         k = text.find(json.dumps(key), pos)
         if k < 0:
             break
-        pos = found = k
+        found, pos = k, k + 1
     line = text.count("\n", 0, found) + 1
     return line, found - (text.rfind("\n", 0, found) + 1) + 1
 
