@@ -1,6 +1,7 @@
 """The `partir` command: solve, check, verify, explain, bench.
 
-Exit status: 0 ok; 1 verify mismatch; 2 bad input; 3 no plan fits the memory limit.
+Exit status: 0 ok; 1 verify mismatch; 2 bad input; 3 no plan fits the memory limit;
+4 an unexpected error (a crash, not a verdict: the traceback is printed).
 With `--json`, exactly one JSON object goes to stdout and everything else to stderr.
 """
 
@@ -12,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
+EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_CRASH = 0, 1, 2, 3, 4
 
 
 def _fake_devices(n: int) -> None:
@@ -126,8 +127,6 @@ def cmd_solve(args) -> int:
             seconds=args.seconds if args.seconds is not None else goal.search.seconds,
             prune=None if args.no_prune else goal.search.prune,
         )
-    for note in goal.notes:
-        console.print(note)
     show = console.is_terminal and not args.json
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -139,7 +138,9 @@ def cmd_solve(args) -> int:
         transient=True,
     ) as bar:
         task = bar.add_task("tracing", total=None, episode=0, best=0.0)
-        goal.program  # noqa: B018  (trace once, visibly)
+        goal.program  # noqa: B018  (trace once, visibly; tracing may add notes)
+        for note in goal.notes:
+            console.print(note)
 
         def progress(axis, episode, seconds, best):
             bar.update(task, description=f"axis {axis}", episode=episode, best=best)
@@ -232,18 +233,17 @@ def _load_plan(goal, path):
     """The plan file on the goal; a goal whose mesh has open axes takes the plan's shape
     when it is one of its factorizations (what `solve` chose)."""
     from partir.solver.mesh_search import candidate_meshes, with_mesh
-    from partir.solver.plan import Plan
+    from partir.solver.plan import read_plan_file
 
-    with open(path) as f:
-        text = f.read()
     if goal.open_axes:
         try:
-            mesh = json.loads(text).get("mesh")
-        except (ValueError, AttributeError):
-            mesh = None
+            with open(path, encoding="utf-8-sig") as f:
+                mesh = json.loads(f.read()).get("mesh")
+        except (ValueError, AttributeError, RecursionError):
+            mesh = None  # read_plan_file says what is wrong with it
         if mesh in candidate_meshes(goal):
             goal = with_mesh(goal, mesh)
-    return Plan.from_json(text, goal)
+    return read_plan_file(path, goal)
 
 
 def cmd_verify(args) -> int:
@@ -310,7 +310,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seconds", type=_positive_seconds, help="cap the search time")
     s.add_argument("--no-prune", action="store_true", help="skip the CP-SAT pruning pass")
     s.set_defaults(fn=cmd_solve)
-    c = sub.add_parser("check", help="parse, resolve and trace a goal file; search nothing")
+    c = sub.add_parser(
+        "check",
+        help="parse, resolve and trace a goal file; search nothing",
+        description="Parse, resolve and trace a goal file; search nothing. A goal file is "
+        "code, like a Python script: this imports the modules it names and calls its inputs "
+        "function and program (functions of Python's standard library are refused). Check "
+        "only goal files you would run.",
+    )
     c.add_argument("goal")
     c.set_defaults(fn=cmd_check)
     v = sub.add_parser("verify", help="compile a plan with XLA and compare with the prediction")
@@ -345,13 +352,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from partir.dsl import GoalError
     from partir.ir.program import TraceError
     from partir.ir.specs import PlanError
+    from partir.solver.plan import PlanFileError
     from partir.solver.prune import InfeasibleMemory
 
     as_json = getattr(args, "json", False)
     try:
         return args.fn(args)
     except (GoalError, PlanError, OSError, TraceError) as err:
-        if isinstance(err, GoalError):
+        if isinstance(err, GoalError | PlanFileError):
             message = str(err)
         elif isinstance(err, TraceError):
             where = f"{args.goal}: " if getattr(args, "goal", None) else ""
@@ -373,6 +381,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_json:
             _print_error("interrupted", 130)
         return 130
+    except SystemExit as err:  # user code that calls sys.exit where nothing caught it
+        print(f"error: the program called sys.exit({err.code!r})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception:  # a crash must not read as "mismatch" (1, Python's own status)
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: partir {args.command} stopped on an unexpected error (exit status "
+              f"{EXIT_CRASH}, not a verdict); the traceback above says where: in your program, "
+              "check it; in partir, please report it", file=sys.stderr)  # fmt: skip
+        return EXIT_CRASH
 
 
 if __name__ == "__main__":

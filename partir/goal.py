@@ -13,7 +13,7 @@ from partir.ir.constraints import constraint_decisions
 from partir.ir.cost import CostModel
 from partir.ir.devices import Device, get_device
 from partir.ir.heap import paused_gc
-from partir.ir.program import Program, trace
+from partir.ir.program import Program, TraceError, trace
 from partir.ir.propagate import Propagator
 from partir.ir.specs import glob_match
 
@@ -26,12 +26,18 @@ _UNITS = {
 
 def parse_bytes(x: int | float | str | None) -> int | None:
     """`32GiB`, `"1.5 TB"`, or a number of bytes."""
-    if x is None or isinstance(x, int | float):
-        return None if x is None else int(x)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*", x)
-    if not m:
-        raise ValueError(f"cannot read {x!r} as a size; write it like 32GiB or 500MB")
-    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+    if x is None:
+        return None
+    if isinstance(x, int | float):
+        value = x
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*", x)
+        if not m:
+            raise ValueError(f"cannot read {x!r} as a size; write it like 32GiB or 500MB")
+        value = float(m.group(1)) * _UNITS[m.group(2) or ""]
+    if not 0 < value <= 1e300:  # also nan and inf
+        raise ValueError(f"a memory limit is a positive number of bytes, not {x!r}")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +53,7 @@ class Search:
     seed: int = 0
     prune: str | None = "cpsat"
     rollout: str = "random"
-    patience: int = 200
+    patience: int | None = 200
     uct_c: float = 1.4
     proxy: bool = True  # search a deep model on its 1- and 2-layer copies (solver/proxy)
 
@@ -65,6 +71,18 @@ class Search:
                 f"episodes must be a whole number >= 1, not {self.episodes!r} (None: until "
                 "the search converges)"
             )
+        if not _whole(self.seed):
+            raise ValueError(f"seed must be a whole number, not {self.seed!r}")
+        if self.patience is not None and not (_whole(self.patience) and self.patience >= 1):
+            raise ValueError(
+                f"patience must be a whole number >= 1, not {self.patience!r} (None: search "
+                "until `seconds` or `episodes`)"
+            )
+        if not (isinstance(self.uct_c, int | float) and not isinstance(self.uct_c, bool)
+                and 0 <= self.uct_c < float("inf")):  # fmt: skip
+            raise ValueError(f"uct_c must be a finite number >= 0, not {self.uct_c!r}")
+        if not isinstance(self.proxy, bool):
+            raise ValueError(f"proxy must be True or False, not {self.proxy!r}")
         if self.prune not in (None, "cpsat"):
             raise ValueError(f"prune must be 'cpsat' or None, not {self.prune!r}")
         if self.rollout not in ("random", "greedy"):
@@ -138,6 +156,34 @@ def check_devices(mesh: Mapping[str, int | None], devices: int | None) -> int | 
     return devices
 
 
+# argument names that hold parameters, not data, in a program that carries no state
+PARAMETER_ARGS = frozenset(
+    {"params", "parameters", "variables", "weights", "model", "state", "opt_state", "optimizer"}
+)
+
+
+def _arg_heads(prog: Program) -> list[str]:
+    return list(dict.fromkeys(p.split("/", 1)[0] for p in prog.inputs))
+
+
+def _uncarried_data(prog: Program) -> list[str] | None:
+    """For a program that carries no state: the arguments that are data (those not named
+    like parameters). None when the program carries state, or when no argument is named
+    like parameters (every input is then data, as with carried state left out)."""
+    if prog.carried:
+        return None
+    heads = _arg_heads(prog)
+    data = [a for a in heads if a not in PARAMETER_ARGS]
+    return data if data and len(data) < len(heads) else None
+
+
+def _whole(x: Any) -> bool:
+    """An int (numpy's too), not a bool."""
+    import numbers
+
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 class Goal:
     """A planning problem. The program is traced once, lazily, and shared by all plans."""
 
@@ -171,13 +217,15 @@ class Goal:
         self.objective = objective
         self.schedule = list(schedule)
         self.search = search or Search()
-        self.data_inputs = list(data_inputs) if data_inputs is not None else None
+        self._data_inputs = list(data_inputs) if data_inputs is not None else None
         self.donate = donate
         # the user's with_sharding_constraint / reshard calls: decisions of the highest
         # priority (True), or ignored and replaced by partir's sharding in plan.jit (False)
         self.honour_constraints = honour_constraints
         self.filename = filename
         self.notes = list(notes)  # things a report should tell the user (an unused axis...)
+        # set by goal files: (statement, message) -> the error at that statement's place
+        self.statement_error: Callable[[str, str], Exception] | None = None
 
     @property
     def num_devices(self) -> int:
@@ -198,11 +246,54 @@ class Goal:
         key = _trace_key(self.fn, self.args) if _SHARED_TRACES else None
         if key is not None and key in _SHARED_TRACES[-1]:
             return _SHARED_TRACES[-1][key]
-        with paused_gc():
-            prog = trace(self.fn, self.args)
+        try:
+            with paused_gc():
+                prog = trace(self.fn, self.args)
+        except SystemExit as e:
+            name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+            err: Exception = TraceError(f"tracing {name} called sys.exit({e.code!r})")
+        except TraceError as e:
+            err = e
+        else:
+            err = None
+        if err is not None:
+            if self.statement_error is None:
+                raise err from None
+            raise self.statement_error(
+                "program", f"{err}; check the program and inputs statements"
+            ) from None
+        data = _uncarried_data(prog)
+        if data is not None and self._data_inputs is None and self._batches_by_default():
+            self.notes.append(
+                f"note: the program carries no state (no output is the next version of an "
+                f"input), so batch takes the inputs of {', '.join(map(repr, data))} as data "
+                f"and keeps {', '.join(repr(a) for a in _arg_heads(prog) if a not in data)} "
+                "replicated; name the data with batch(inputs=...) to choose otherwise"
+            )
         if key is not None:
             _SHARED_TRACES[-1][key] = prog
         return prog
+
+    @property
+    def data_inputs(self) -> list[str] | None:
+        """Globs of the data inputs the batch strategies tile. None: every input that is
+        not carried state; but for a program that carries no state (a forward pass,
+        `apply(params, x)`), the arguments named like parameters (`params`, `variables`,
+        `model`, ...) are not data."""
+        if self._data_inputs is not None:
+            return self._data_inputs
+        data = _uncarried_data(self.program)
+        return None if data is None else [g for a in data for g in (a, f"{a}/**")]
+
+    @data_inputs.setter
+    def data_inputs(self, value: Sequence[str] | None) -> None:
+        self._data_inputs = list(value) if value is not None else None
+
+    def _batches_by_default(self) -> bool:
+        from partir.strategies.base import FSDP, Batch
+
+        return any(isinstance(s, FSDP) or (isinstance(s, Batch) and s.inputs is None)
+                   for s in self.schedule)  # fmt: skip
 
     @functools.cached_property
     def propagator(self) -> Propagator:

@@ -117,7 +117,7 @@ def test_a_program_that_fails_to_trace_exits_2_naming_the_error(tmp_path, capsys
     for command in ("check", "solve"):
         assert main([command, str(goal)]) == 2
         err = capsys.readouterr().err
-        assert f"{goal}: error: tracing train_step" in err and "Traceback" not in err
+        assert f"{goal}:2:9: error: tracing train_step" in err and "Traceback" not in err
 
 
 def test_a_goal_file_that_begins_with_a_byte_order_mark_is_read(tmp_path, capsys):
@@ -125,3 +125,32 @@ def test_a_goal_file_that_begins_with_a_byte_order_mark_is_read(tmp_path, capsys
     goal.write_bytes(b"\xef\xbb\xbf" + pathlib.Path(MLP).read_bytes())
     assert main(["check", str(goal)]) == 0
     assert "ok:" in capsys.readouterr().err
+
+
+SMALL = """
+import jax, jax.numpy as jnp
+def step(params, data):
+    return jnp.sum(data["x"] @ params["w"])
+def args():
+    return ({"w": jax.ShapeDtypeStruct((16, 16), jnp.float32)},
+            {"x": jax.ShapeDtypeStruct((16, 16), jnp.float32)})
+"""
+
+
+def test_verify_that_crashes_exits_4_not_1_the_mismatch_status(tmp_path, capsys):
+    # this process's JAX has started with fewer devices than the plan's mesh needs
+    import jax
+    import pytest
+
+    if len(jax.devices()) >= 16:
+        pytest.skip("JAX started with 16 devices or more")
+    (tmp_path / "small.py").write_text(SMALL)
+    goal = tmp_path / "small.partir"
+    goal.write_text('program "small.py:step"\ninputs "small.py:args"()\nmesh batch=16\n'
+                    "axis batch { batch }\nsearch mcts(episodes=2)\n")  # fmt: skip
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(goal), "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(goal), str(plan)]) == 4
+    err = capsys.readouterr().err
+    assert "needs 16 devices but JAX sees" in err and "exit status 4, not a verdict" in err

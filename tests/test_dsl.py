@@ -67,8 +67,8 @@ def check_form(err: GoalError, text: str, filename: str) -> None:
     assert m["file"] == filename == err.filename
     assert int(m["line"]) == err.line and int(m["col"]) == err.column
     assert m["msg"] == err.message
-    source = text.split("\n")
-    want = source[err.line - 1].rstrip("\r") if err.line <= len(source) else ""
+    source = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # CR alone ends a line
+    want = source[err.line - 1] if err.line <= len(source) else ""
     assert lines[1] == want
     assert lines[2].endswith("^") and len(lines[2]) == err.column
     assert lines[2][:-1].strip(" \t") == ""
@@ -630,8 +630,18 @@ ENTRY_ERRORS = [
      "'tiny_model.py' has no attribute 'train_stp'; did you mean 'train_step'?"),
     ('program "tiny_model.py:not_a_function"', "tiny_model",
      "'tiny_model.py:not_a_function' is not callable: it is a int"),
-    ('program "os.path:join.nope"', "os.path",
-     "'os.path:join' has no attribute 'nope'"),
+    ('program "partir.models.gpt:train_step.nope"', "partir.models.gpt",
+     "'partir.models.gpt:train_step' has no attribute 'nope'"),
+    ('program "os.path:join"', "os.path",
+     "'os.path:join' is a function of Python's standard library, which defines no model; "
+     "name a function of your own code (a goal file runs the functions it names, as a "
+     "Python script would)"),
+    ('inputs "tiny_model.py:jax.numpy.zeros"', "tiny_model",
+     "tiny_model.py:jax.numpy.zeros() raised TypeError: zeros() missing 1 required "
+     "positional argument: 'shape'"),
+    ('inputs "tiny_model.py:jax.tree_util.tree_map"', "tiny_model",
+     "tiny_model.py:jax.tree_util.tree_map() raised TypeError: tree_map() missing 2 "
+     "required positional arguments: 'f' and 'tree'"),
     ('inputs "tiny_model.py:example_args"(layers=0)', "tiny_model",
      "tiny_model.py:example_args(layers=0) raised ValueError: layers must be >= 1, got 0"),
     ('inputs "tiny_model.py:example_args"(depth=3)', "tiny_model",

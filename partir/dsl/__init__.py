@@ -1,7 +1,11 @@
 """Goal files (`*.partir`): grammar, parser, checks, and compilation to `partir.Goal`.
 
-A goal file is data: nothing in it is evaluated except importing the two functions it
-names. Statements need no separator; `#` starts a comment.
+A goal file is code, like a Python script: `partir check`, `solve`, `verify` and
+`explain` import the modules it names and call its `inputs` function and its program, so
+run only goal files you would run as Python. Its own text is not evaluated (call
+arguments are literals), and functions of Python's standard library or builtins are
+refused as entry points (no model lives there; `os:system` would run a shell command).
+Statements need no separator; `#` starts a comment.
 
     program "module:function"                 # or "file.py:function", next to the goal file
     inputs  "module:function"(k=v, ...)       # called once; returns the program's args tuple

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from partir.dsl.errors import GoalError, Pos
+from partir.dsl.errors import GoalError, Pos, not_utf8
 from partir.dsl.spec import EntryPoint, GoalSpec, ManualSpec, parse
 from partir.goal import Goal
 from partir.ir.program import arg_names, first_line, path_str
@@ -34,9 +34,7 @@ def load_goal(path: str | os.PathLike) -> Goal:
     try:
         text = data.decode("utf-8-sig")  # editors on Windows may begin it with a BOM
     except UnicodeDecodeError as e:
-        raise GoalError(
-            f"the file is not UTF-8 text ({e.reason} at byte {e.start})", path
-        ) from None
+        raise not_utf8(path, data, e) from None
     return load_goal_text(text, filename=path, base_dir=os.path.dirname(os.path.abspath(path)))
 
 
@@ -59,7 +57,7 @@ def compile_spec(spec: GoalSpec, base_dir: str | None = None) -> Goal:
     _check_manual(spec, shapes)
     _check_batch_inputs(spec, shapes)
     try:
-        return Goal(
+        goal = Goal(
             program,
             args,
             spec.mesh,
@@ -75,6 +73,11 @@ def compile_spec(spec: GoalSpec, base_dir: str | None = None) -> Goal:
         )
     except ValueError as e:  # the spec checks should have caught it; still say where
         raise spec.error(spec.positions.get("program", Pos()), first_line(e)) from None
+    # tracing happens later: its errors are reported at the program statement
+    goal.statement_error = lambda key, message: spec.error(
+        getattr(spec, key).pos if key in ("program", "inputs") else Pos(), message
+    )
+    return goal
 
 
 # ------------------------------------------------------------------------------ imports
@@ -101,8 +104,21 @@ def _load_file(path: str) -> Any:
     return module
 
 
+def _standard(module: str | None) -> bool:
+    """Whether `module` is Python's own (standard library, builtins): no model lives there."""
+    top = (module or "").split(".")[0]
+    return top in sys.stdlib_module_names or top in sys.builtin_module_names
+
+
 def _resolve(spec: GoalSpec, ep: EntryPoint, base: str, modules: dict[str, Any]) -> Callable:
     module_name, function = ep.module, ep.function
+    refused = (
+        f"'{ep.target}' is a function of Python's standard library, which defines no model; "
+        "name a function of your own code (a goal file runs the functions it names, as a "
+        "Python script would)"
+    )
+    if not module_name.endswith(".py") and _standard(module_name):
+        raise spec.error(ep.pos, refused)
     try:
         if module_name.endswith(".py"):
             path = os.path.abspath(os.path.join(base, module_name))
@@ -115,6 +131,10 @@ def _resolve(spec: GoalSpec, ep: EntryPoint, base: str, modules: dict[str, Any])
             obj = importlib.import_module(module_name)
     except GoalError:
         raise
+    except SystemExit as e:
+        raise spec.error(
+            ep.pos, f"cannot import '{ep.target}': importing it called sys.exit({e.code!r})"
+        ) from None
     except Exception as e:  # ImportError, SyntaxError, or whatever the module raised
         raise spec.error(ep.pos, f"cannot import '{ep.target}': {first_line(e)}") from None
     where = module_name
@@ -133,6 +153,10 @@ def _resolve(spec: GoalSpec, ep: EntryPoint, base: str, modules: dict[str, Any])
         where = f"{where}:{part}" if where == module_name else f"{where}.{part}"
     if not callable(obj):
         raise spec.error(ep.pos, f"'{ep.target}' is not callable: it is a {type(obj).__name__}")
+    if (inspect.isroutine(obj) or inspect.isclass(obj)) and _standard(
+        getattr(obj, "__module__", None)
+    ):  # `mymodule:os.system`
+        raise spec.error(ep.pos, refused)
     return obj
 
 
@@ -140,6 +164,8 @@ def _call_inputs(spec: GoalSpec, make_inputs: Callable) -> tuple:
     ep = spec.inputs
     try:
         result = make_inputs(*ep.args, **ep.kwargs)
+    except SystemExit as e:
+        raise spec.error(ep.pos, f"{ep.call_text()} called sys.exit({e.code!r})") from None
     except Exception as e:
         raise spec.error(ep.pos, f"{ep.call_text()} raised {first_line(e)}") from None
     if isinstance(result, list):
@@ -176,15 +202,30 @@ def input_shapes(spec: GoalSpec, program: Callable, args: tuple) -> dict[str, tu
         for name, arg in zip(names, args):
             leaves, _ = jax.tree_util.tree_flatten_with_path(arg)
             for keypath, leaf in leaves:
+                if not _array_like(leaf):
+                    raise spec.error(
+                        spec.inputs.pos,
+                        f"{spec.inputs.call_text()} returned a {type(leaf).__name__} at "
+                        f"'{path_str(name, keypath)}'; the program's arguments hold arrays "
+                        "(or jax.ShapeDtypeStruct, or numbers) only",
+                    )
                 shape = getattr(leaf, "shape", None)
                 shapes[path_str(name, keypath)] = tuple(
                     int(d) for d in (shape if shape is not None else np.shape(leaf))
                 )
+    except GoalError:
+        raise
     except Exception as e:
         raise spec.error(
             spec.inputs.pos, f"cannot read the inputs' shapes: {first_line(e)}"
         ) from None
     return shapes
+
+
+def _array_like(leaf: Any) -> bool:
+    if isinstance(leaf, bool | int | float | complex | np.generic):
+        return True
+    return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
 
 
 # ------------------------------------------------------------------------------ paths

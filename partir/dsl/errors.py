@@ -84,3 +84,22 @@ def one_of(words: Iterable[str], conj: str = "or") -> str:
     if len(words) <= 1:
         return "".join(words)
     return f"{', '.join(words[:-1])} {conj} {words[-1]}"
+
+
+def not_utf8(filename: str, data: bytes, e: UnicodeDecodeError) -> GoalError:
+    """A file that is not UTF-8, reported at the line and column of the first bad byte."""
+    start = e.start - (3 if data.startswith(b"\xef\xbb\xbf") else 0)
+    body = data[3:] if start != e.start else data
+    before = body[:start].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    line = before.count(b"\n") + 1
+    head = before.rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
+    end = body.find(b"\n", start)
+    rest = body[start : end if end >= 0 else len(body)].split(b"\r", 1)[0]
+    shown = head + rest.decode("utf-8", "replace")
+    return GoalError(
+        f"the file is not UTF-8 text (byte 0x{body[start]:02x}: {e.reason}); save it as UTF-8",
+        filename,
+        line,
+        len(head) + 1,
+        shown,
+    )

@@ -334,10 +334,34 @@ def _open_brace(e: UnexpectedInput) -> Token | None:
     return braces[-1] if braces else None
 
 
+def _trailing_mesh_comma(e: UnexpectedInput) -> Token | None:
+    """The ',' that ends a mesh statement, when the error is what follows it: the end of
+    the file, a statement keyword, or a name on a later line (`mesh a=4, b=2,` then
+    `axis a { ... }` reads `axis` as the next mesh axis and fails at `a`)."""
+    if not isinstance(e, UnexpectedToken):
+        return None
+    stack = list(getattr(getattr(e, "state", None), "value_stack", None) or [])
+    tokens = [v for v in stack if isinstance(v, Token)]
+    if not any(t.type == "MESH" for t in tokens):
+        return None
+    if tokens and tokens[-1].type == "COMMA" and e.token.type != "NAME":
+        return tokens[-1]  # `mesh a=4,` at the end of the file, or before a string
+    if len(tokens) >= 2 and tokens[-2].type == "COMMA" and tokens[-1].type == "NAME":
+        name = tokens[-1]
+        if str(name) in STATEMENTS or name.line != tokens[-2].line:
+            return tokens[-2]
+    return None
+
+
 def syntax_error(e: UnexpectedInput, source: Source) -> GoalError:
     """A lark error as a GoalError with a message in words."""
     expected = _expected(e)
     pos = Pos.of(e)
+    comma = _trailing_mesh_comma(e)
+    if comma is not None:
+        return source.error(
+            Pos.of(comma), "a ',' after the last mesh axis; remove it, or add an axis after it"
+        )
     brace = _open_brace(e) if "RBRACE" in expected else None
     if isinstance(e, UnexpectedCharacters):
         if e.char == '"':

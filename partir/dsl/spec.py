@@ -144,6 +144,8 @@ class GoalSpec:
 
 def parse(text: str, filename: str = "<text>") -> GoalSpec:
     """Parse and check a goal file's text; raises `GoalError` (FILE:LINE:COL: error: ...)."""
+    # old Mac files end lines with CR alone, Windows ones with CR LF: one line each
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     source = Source(filename, text)
     return _Builder(source).build(parse_statements(text, filename))
 

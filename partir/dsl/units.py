@@ -68,8 +68,12 @@ def read(text: str, pos: Pos) -> Quantity:
         if unit in table:
             factor = table[unit]
             value = number * factor
+            if not math.isfinite(value) or abs(value) > 1e300:
+                raise UnitError(f"the number {text!r} is too large", pos)
             exact = is_int and isinstance(factor, int)
-            if kind == "size":
+            if kind == "size" and (factor > 1 or float(value).is_integer()):
+                # a fraction of a KiB or more is rounded to whole bytes; a fraction of a
+                # byte ('1.5B') is left as it is, for what asks for a size to refuse
                 value = round(value)
                 exact = True
             return Quantity(text, value, kind, exact)

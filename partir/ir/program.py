@@ -426,7 +426,10 @@ def _join_scope(outer: str, eqn: Any) -> str:
 
 def first_line(e: BaseException) -> str:
     """`KeyError: 'tokens'`: an exception's type and the first line of its message."""
-    text = str(e).strip()
+    try:
+        text = str(e).strip()
+    except Exception:  # a user's exception whose __str__ itself fails
+        text = "(its message cannot be shown: str() of it raised)"
     first = text.splitlines()[0] if text else ""
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 

@@ -62,12 +62,34 @@ def glob_match(pattern: str, path: str) -> bool:
 
 
 def _match(pat: tuple[str, ...], parts: tuple[str, ...]) -> bool:
-    if not pat:
-        return not parts
-    head, rest = pat[0], pat[1:]
-    if head == "**":
-        return any(_match(rest, parts[i:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and _match(rest, parts[1:])
+    """One pass over the path, keeping the set of pattern positions reached: time
+    len(path) x len(pattern) whatever the number of `**` (trying every split of the path
+    for each `**` in turn was exponential in their number)."""
+    n = len(pat)
+
+    def closure(positions: set[int]) -> set[int]:  # a `**` may match no element
+        out, todo = set(positions), list(positions)
+        while todo:
+            i = todo.pop()
+            if i < n and pat[i] == "**" and i + 1 not in out:
+                out.add(i + 1)
+                todo.append(i + 1)
+        return out
+
+    reached = closure({0})
+    for part in parts:
+        step = set()
+        for i in reached:
+            if i == n:
+                continue
+            if pat[i] == "**":
+                step.add(i)
+            elif fnmatch.fnmatchcase(part, pat[i]):
+                step.add(i + 1)
+        reached = closure(step)
+        if not reached:
+            return False
+    return n in reached
 
 
 def resolve(

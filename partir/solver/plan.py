@@ -16,6 +16,7 @@ from partir.ir.propagate import Decision, Sharding, State
 from partir.ir.specs import (
     PlanError,
     check_sharding,
+    did_you_mean,
     resolve,
     spec_from_json,
     spec_to_json,
@@ -160,21 +161,29 @@ class Plan:
         for another mesh is refused)."""
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError, ValueError) as e:
             raise PlanError(f"not a {FORMAT} file: it is not JSON ({e})") from None
+        return cls.from_record(d, goal)
+
+    @classmethod
+    def from_record(cls, d: Any, goal: Goal | None = None) -> Plan:
+        """`from_json` of the parsed JSON."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             found = d.get("format") if isinstance(d, dict) else type(d).__name__
-            raise PlanError(f"not a {FORMAT} file (format is {found!r})")
+            raise _at(PlanError(f"not a {FORMAT} file (format is {found!r})"), "format")
         if goal is not None and d.get("mesh") != goal.mesh:
-            raise PlanError(
-                f"the plan is for mesh {d.get('mesh')}, the goal's mesh is {goal.mesh}; "
-                "solve the goal again for its mesh"
+            raise _at(
+                PlanError(
+                    f"the plan is for mesh {d.get('mesh')}, the goal's mesh is {goal.mesh}; "
+                    "solve the goal again for its mesh"
+                ),
+                "mesh",
             )
         try:
             return cls._from_record(d, goal)
         except PlanError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
             raise PlanError(
                 f"the {FORMAT} file is damaged: {type(e).__name__}: {e} (write it again with "
                 "partir solve --out)"
@@ -182,10 +191,10 @@ class Plan:
 
     @classmethod
     def _from_record(cls, d: dict, goal: Goal | None) -> Plan:
-        specs = {p: spec_from_json(e) for p, e in d["specs"].items()}
         if goal is not None and "decisions" in d:
             return replay(goal, d)
         if goal is not None:
+            specs = _file_specs(goal, d["specs"])
             plan = make_plan(goal, {p: to_spec(s) for p, s in specs.items()})
             plan.search = d.get("search", {})
             return plan
@@ -193,7 +202,7 @@ class Plan:
             None,
             None,
             Cost.from_dict(d["cost"]),
-            in_shardings=specs,
+            in_shardings={p: spec_from_json(e) for p, e in d["specs"].items()},
             out_shardings={p: spec_from_json(e) for p, e in d["out_specs"].items()},
             baselines={k: Cost.from_dict(c) for k, c in d.get("baselines", {}).items()},
             search=d.get("search", {}),
@@ -319,37 +328,237 @@ def partition_rules(shardings: Mapping[str, Sharding]) -> list[tuple[str, Shardi
 
 
 def replay(goal: Goal, d: Mapping[str, Any]) -> Plan:
-    """A searched plan from its file: the recorded propagation calls, replayed in order,
-    give back the very state the search reached (input specs alone may not)."""
+    """A plan from its file. The specs the file shows are the plan; the recorded
+    propagation calls, replayed in order, give back the very state the search reached
+    (input specs alone may not), and are used when they give those specs. When they do
+    not (the specs were edited, or the decisions), the plan is made from the specs."""
     prog, prop = goal.program, goal.propagator
+    specs = _file_specs(goal, d["specs"])
+    calls = _file_decisions(goal, d["decisions"])
     state = prop.empty()
-    calls = []
-    for call in d["decisions"]:
-        decisions = []
-        for path, dim, axis, priority, position in call:
-            if path not in prog.inputs:
-                raise PlanError(f"the plan file names input {path!r}, which the program lacks")
-            rank = len(prog.values[prog.inputs[path]].shape)
-            dim_ok = isinstance(dim, int) and not isinstance(dim, bool) and 0 <= dim < rank
-            if not dim_ok or axis not in goal.mesh:
-                raise PlanError(
-                    f"the plan file tiles {path!r} (rank {rank}) along dim {dim!r} on axis "
-                    f"{axis!r}; the goal's mesh axes are {list(goal.mesh)}"
-                )
-            decisions.append(Decision(int(priority), prog.inputs[path], dim, axis, int(position)))
-        state, rejected = prop.apply_all(state, decisions)
-        blocked = [d for d in rejected if prop.blocks(d.value, d.axis)]
-        if blocked:  # the goal gained a replicate statement since the plan was made
-            d = blocked[0]
-            raise PlanError(
-                f"the plan tiles {prog.input_paths[d.value]} on {d.axis!r}, which a replicate "
-                "statement of the goal keeps whole; solve the goal again"
-            )
-        calls.append(decisions)
+    for decisions in calls:
+        # a rejected decision changes nothing: the specs check below sees the outcome
+        state = prop.apply_all(state, decisions)[0]
     plan = Plan(goal, state, goal.cost_model.cost(state), search=d.get("search", {}))
-    plan.decisions = calls
+    want = {p: specs.get(p, ((),) * len(prog.values[v].shape)) for p, v in prog.inputs.items()}
+    if plan.in_shardings == want:
+        plan.decisions = calls
+    else:
+        plan = make_plan(goal, {p: to_spec(s) for p, s in specs.items()})
+        plan.search = dict(d.get("search", {}))
     plan.baselines = {k: Cost.from_dict(c) for k, c in d.get("baselines", {}).items()}
     return plan
+
+
+def _file_specs(goal: Goal, entries: Mapping[str, Any]) -> dict[str, Sharding]:
+    """A plan file's `specs`, checked against the goal: inputs the program has, mesh axes
+    once per input and dividing their dims, none that a replicate statement keeps off."""
+    if not isinstance(entries, Mapping):
+        raise _at(
+            PlanError(f"the plan file's specs are a {type(entries).__name__}, not an object"),
+            "specs",
+        )
+    specs = {}
+    for path, entry in entries.items():
+        with _where("specs", path):
+            specs[path] = _file_spec(goal, path, entry)
+    return specs
+
+
+def _file_spec(goal: Goal, path: str, entry: Any) -> Sharding:
+    prog, prop = goal.program, goal.propagator
+    if path not in prog.inputs:
+        raise PlanError(
+            f"the plan file gives a spec for {path!r}, which the program lacks"
+            f"{did_you_mean(path, prog.inputs)}; solve the goal again"
+        )
+    names = lambda e: isinstance(e, list) and all(isinstance(a, str) for a in e)  # noqa: E731
+    if not isinstance(entry, list) or not all(
+        e is None or isinstance(e, str) or names(e) for e in entry
+    ):
+        raise PlanError(
+            f"the plan file's spec for {path!r} is {entry!r}; a spec is a list of null, "
+            'an axis name, or a list of axis names: ["batch", null]'
+        )
+    vid = prog.inputs[path]
+    shape = prog.values[vid].shape
+    sharding = to_sharding(spec_from_json(entry), len(shape))
+    check_sharding(path, shape, sharding, goal.mesh)
+    for axis in (a for axes in sharding for a in axes):
+        if prop.blocks(vid, axis):
+            raise PlanError(
+                f"the plan tiles {path} on {axis!r}, which a replicate statement of the "
+                "goal keeps whole; solve the goal again"
+            )
+    return sharding
+
+
+def _file_decisions(goal: Goal, record: Any) -> list[list[Decision]]:
+    """A plan file's recorded propagation calls, checked: inputs the program has, dims
+    in range, mesh axes, and one dim per input and axis."""
+    if not isinstance(record, list) or not all(isinstance(c, list) for c in record):
+        raise PlanError("the plan file's decisions are not a list of lists of decisions")
+    calls, dims = [], {}
+    seen: dict[str, int] = {}  # how often each path came before: its n-th mention
+    for call in record:
+        decisions = []
+        for entry in call:
+            path = entry[0] if isinstance(entry, list) and entry else None
+            mentions = []
+            if isinstance(path, str):
+                seen[path] = seen.get(path, 0) + 1
+                mentions = [path] * seen[path]
+            with _where("decisions", *mentions):
+                decisions.append(_file_decision(goal, entry, dims))
+        calls.append(decisions)
+    return calls
+
+
+def _file_decision(goal: Goal, entry: Any, dims: dict) -> Decision:
+    """One recorded decision, checked; `dims` ({(path, axis): dim}) across the record."""
+    prog = goal.program
+    if not isinstance(entry, list) or len(entry) != 5:
+        raise PlanError(
+            f"the plan file has a decision {entry!r}; a decision is "
+            "[path, dim, axis, priority, position]"
+        )
+    path, dim, axis, priority, position = entry
+    if not isinstance(path, str) or path not in prog.inputs:
+        raise PlanError(f"the plan file names input {path!r}, which the program lacks")
+    rank = len(prog.values[prog.inputs[path]].shape)
+    dim_ok = isinstance(dim, int) and not isinstance(dim, bool) and 0 <= dim < rank
+    if not dim_ok or not isinstance(axis, str) or axis not in goal.mesh:
+        raise PlanError(
+            f"the plan file tiles {path!r} (rank {rank}) along dim {dim!r} on axis "
+            f"{axis!r}; the goal's mesh axes are {list(goal.mesh)}"
+        )
+    if not all(_small_int(x) for x in (priority, position)):
+        raise PlanError(
+            f"the plan file's decision {entry!r} has a priority or position that is not a "
+            "small whole number"
+        )
+    first = dims.setdefault((path, axis), dim)
+    if first != dim:
+        raise PlanError(
+            f"the plan file tiles {path!r} on axis {axis!r} along dims {first} and {dim}; a "
+            "mesh axis tiles one dim of an input"
+        )
+    return Decision(priority, prog.inputs[path], dim, axis, position)
+
+
+def _small_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and abs(x) < 2**31
+
+
+# -- where in a plan file an error is ------------------------------------------------
+
+
+def _at(err: PlanError, *keys: Any) -> PlanError:
+    """`err`, marked with the JSON keys (or string values) that lead to its place."""
+    if not getattr(err, "keys", None):
+        err.keys = tuple(str(k) for k in keys if k is not None)
+    return err
+
+
+class _where:
+    """Mark a PlanError raised inside with `keys` (see `_at`)."""
+
+    def __init__(self, *keys: Any) -> None:
+        self.keys = keys
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, err, tb) -> bool:
+        if isinstance(err, PlanError):
+            _at(err, *self.keys)
+        return False
+
+
+class PlanFileError(PlanError):
+    """A plan file that cannot be used; `str()` is `FILE:LINE:COL: error: MESSAGE`."""
+
+    def __init__(self, message: str, filename: str, line: int = 1, column: int = 1) -> None:
+        super().__init__(message)
+        self.message, self.filename, self.line, self.column = message, filename, line, column
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.line}:{self.column}: error: {self.message}"
+
+
+def _locate(text: str, keys: Sequence[str]) -> tuple[int, int]:
+    """(line, column) of the last of `keys` as a JSON string, each found after the one
+    before (`specs`, then the path in it; a path twice: its second mention); the start of
+    the file if one is missing."""
+    pos = found = 0
+    for key in keys:
+        k = text.find(json.dumps(key), pos)
+        if k < 0:
+            break
+        found, pos = k, k + 1
+    line = text.count("\n", 0, found) + 1
+    return line, found - (text.rfind("\n", 0, found) + 1) + 1
+
+
+MAX_DEPTH = 100  # a plan file nests 4 deep; JSON's parser recurses once per level
+MAX_DIGITS = 100
+
+
+def _too_deep_or_long(text: str) -> tuple[str, int]:
+    """(why, offset) of what the JSON parser met with RecursionError or ValueError:
+    nesting beyond MAX_DEPTH, or a number of over MAX_DIGITS digits."""
+    long = re.search(rf"[0-9]{{{MAX_DIGITS + 1},}}", text)
+    end = long.start() if long is not None else len(text)
+    depth, in_string, escaped = 0, False, False
+    for i, c in enumerate(text[:end]):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return f"it nests deeper than {MAX_DEPTH} levels", i
+        elif c in "]}":
+            depth -= 1
+    if long is not None:
+        return f"a number of {len(long.group())} digits", long.start()
+    return "it cannot be read", 0
+
+
+def read_plan_file(path: str, goal: Goal | None = None) -> Plan:
+    """`Plan.from_json` of a file, its errors as `PlanFileError`s that say where: bytes
+    that are not UTF-8, JSON syntax, nesting or numbers beyond reason, and every entry
+    that does not fit the goal (at its key)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        from partir.dsl.errors import not_utf8
+
+        bad = not_utf8(path, data, e)
+        raise PlanFileError(bad.message, path, bad.line, bad.column) from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanFileError(
+            f"not a {FORMAT} file: it is not JSON ({e.msg})", path, e.lineno, e.colno
+        ) from None
+    except (RecursionError, ValueError):  # nesting, or more digits than int() reads
+        why, at = _too_deep_or_long(text)
+        line, column = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+        raise PlanFileError(f"not a {FORMAT} file: {why}", path, line, column) from None
+    try:
+        return Plan.from_record(d, goal)
+    except PlanError as e:
+        line, column = _locate(text, getattr(e, "keys", ()))
+        raise PlanFileError(str(e), path, line, column) from None
 
 
 def input_decisions(

@@ -12,22 +12,22 @@ declared limits infeasible that the plan meets.
 
 The pass removes every action that is part of no feasible assignment, finds the groups
 that every feasible assignment tiles (the search may not stop before it has tiled them),
-and when nothing is feasible says why with numbers.
+and when nothing is feasible says why with numbers. A limit that every assignment meets
+prunes nothing, and CP-SAT is not asked (a limit of 1e22 bytes overflowed its integers).
+The model is solved by `partir.solver.cpsat`: in a subprocess once TensorFlow has been
+imported, with which OR-tools' native code crashes in one process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 from partir.goal import Goal
 from partir.ir.cost import Cost, fmt_bytes
 from partir.ir.propagate import State
+from partir.solver import cpsat
 from partir.strategies.compile import AxisProblem, schedule_axes
-
-if TYPE_CHECKING:  # ortools is imported when pruning runs (about 0.4 s), not with partir
-    from ortools.sat.python import cp_model
 
 
 class InfeasibleMemory(ValueError):
@@ -62,7 +62,6 @@ def prune_actions(
     limit = goal.memory_limit
     if limit is None or not problem.actions:
         return Pruned(list(problem.actions), [], 0)
-    from ortools.sat.python import cp_model
 
     model_ = goal.cost_model
     axes = schedule_axes(goal)
@@ -82,20 +81,20 @@ def prune_actions(
     # inputs no action tiles may still be tiled on this axis by propagation or ZeRO
     fixed = sum(local[v] for v in inputs if v not in in_group) / (rest * n)
 
-    m = cp_model.CpModel()
-    choice = {i: m.new_bool_var(f"a{i}") for i in range(len(problem.actions))}
-    whole = {g: m.new_bool_var(f"whole{k}") for k, g in enumerate(groups)}
-    terms = []
+    model: list[tuple[int, list[int]]] = []
     for g, idx in groups.items():
-        m.add_exactly_one([whole[g]] + [choice[i] for i in idx])
         size = sum(local[v] for v in g) / rest
-        terms.append(math.floor(size / SCALE) * whole[g])
-        for i in idx:
-            terms.append(math.floor(size / n / SCALE) * choice[i])
+        model.append((math.floor(size / SCALE), [math.floor(size / n / SCALE)] * len(idx)))
+    largest = fixed + activations + sum(sum(local[v] for v in g) / rest for g in groups)
+    if limit >= largest:  # every assignment fits: nothing to prune (nor a huge budget to pass)
+        return Pruned(list(problem.actions), [], 0)
     budget = math.ceil((limit - fixed - activations) / SCALE)
-    m.add(sum(terms) <= budget)
     smallest = fixed + activations + sum(sum(local[v] for v in g) / rest / n for g in groups)
-    if not _feasible(m):
+    order = [i for idx in groups.values() for i in idx]  # action index of each model action
+    queries = [None, *(("action", j) for j in range(len(order))),
+               *(("whole", k) for k in range(len(groups)))]  # fmt: skip
+    answers = cpsat.feasible(model, budget, queries)
+    if not answers[0]:
         err = InfeasibleMemory(
             f"every plan of this schedule needs at least {fmt_bytes(smallest)} per device; the "
             f"limit is {fmt_bytes(limit)} (a lower bound: arguments tiled on every axis of the "
@@ -104,21 +103,7 @@ def prune_actions(
         )
         err.smallest_bytes, err.limit_bytes, err.axis = int(smallest), int(limit), problem.axis
         raise err
-    kept = [a for i, a in enumerate(problem.actions) if _feasible(m, [choice[i]])]
-    must = [g for g in groups if not _feasible(m, [whole[g]])]
+    ok_action = {order[j]: answers[1 + j] for j in range(len(order))}
+    kept = [a for i, a in enumerate(problem.actions) if ok_action[i]]
+    must = [g for k, g in enumerate(groups) if not answers[1 + len(order) + k]]
     return Pruned(kept, must, len(problem.actions) - len(kept))
-
-
-def _feasible(m: cp_model.CpModel, assume: list | None = None) -> bool:
-    from ortools.sat.python import cp_model
-
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 5.0
-    solver.parameters.num_workers = 1
-    if assume:
-        m.clear_assumptions()
-        m.add_assumptions(assume)
-    status = solver.solve(m)
-    m.clear_assumptions()
-    # UNKNOWN (time limit) counts as feasible: pruning must never drop a feasible action
-    return status != cp_model.INFEASIBLE

@@ -331,10 +331,17 @@ def _solve(
         full.state, rejected = prop.apply_all(full.state, calls[-1])
     if rejected:
         d = rejected[0]
-        other = "a replicate" if prop.blocks(d.value, d.axis) else "another tile"
+        tiles = [m for m in calls[-1] if m.value == d.value and m != d]
+        if prop.blocks(d.value, d.axis):
+            other = "a replicate statement"
+        elif tiles:
+            other = "another tile statement"
+        else:  # nothing of the goal file's: the program's with_sharding_constraint
+            other = ("the program's own sharding constraint (its with_sharding_constraint or "
+                     "reshard, honoured first); drop the tile statement, or write "
+                     "`constraints ignore` to let it win")  # fmt: skip
         raise PlanError(
-            f"tile {prog.input_paths[d.value]} dim {d.dim} on {d.axis!r} conflicts with "
-            f"{other} statement"
+            f"tile {prog.input_paths[d.value]} dim {d.dim} on {d.axis!r} conflicts with {other}"
         )
     if proxy is not None:
         for v in views:

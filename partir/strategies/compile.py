@@ -175,13 +175,16 @@ def _batch_tiles_nothing(
                 f"whole on it ({paths}); drop the replicate statement or the {s.name}")  # fmt: skip
     dims = []
     for vid in sorted(data)[:3]:
+        if vid in forbidden:
+            dims.append(f"{prog.input_paths[vid]} kept whole by a replicate statement")
+            continue
         shape, sharding = prog.values[vid].shape, prop.sharding(state, vid)
         earlier = f", already split {prop.size(sharding[0])} ways" if shape and sharding[0] else ""
         dims.append(f"{prog.input_paths[vid]} {shape[0] if shape else 'a scalar'}{earlier}")
     return (
         f"{s.name} on axis {s.axis!r} (size {n}) can tile no data input: it divides the leading "
-        f"dim of none ({', '.join(dims)}{', ...' if len(data) > 3 else ''}); choose a mesh "
-        "size that divides the batch size, or name the data inputs with batch(inputs=...)"
+        f"dim of none it may tile ({', '.join(dims)}{', ...' if len(data) > 3 else ''}); choose "
+        "a mesh size that divides the batch size, or name the data inputs with batch(inputs=...)"
         + (", or shard only the parameters with zero(stage=3)" if isinstance(s, FSDP) else "")
     )
 

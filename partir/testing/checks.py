@@ -86,28 +86,66 @@ def real_args(goal, seed: int = 0):
     return jax.tree_util.tree_map(make, goal.args)
 
 
+def _as_numpy(leaf) -> np.ndarray:
+    """A leaf as a NumPy array; typed PRNG keys as their key data."""
+    if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    return np.asarray(leaf)
+
+
+def _kind(dtype) -> str:
+    """ "inexact" for every float and complex dtype (bfloat16 and fp8 included, which
+    NumPy does not count as floating), "exact" for integers and bools."""
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return "inexact"
+    if jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
+        return "exact"
+    return "other"
+
+
+def _widen(x: np.ndarray) -> np.ndarray:
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return x.astype(np.complex128)
+    return x.astype(np.float64)
+
+
+def _largest(y: np.ndarray) -> float:
+    return float(np.max(np.abs(np.where(np.isfinite(y), y, 0.0)), initial=0.0))
+
+
 def max_relative_error(a, b, *, floor: float = 1e-2) -> float:
-    """Largest over float leaves of max|a - b| / max|b|. A leaf much smaller than the rest
-    is measured against `floor` times the largest magnitude of all leaves instead: after an
-    Adam step, a small parameter moves by about the learning rate whatever its gradient,
-    so the rounding of a sharded reduction shows up in it out of proportion to its size."""
-    pairs = [
-        (np.asarray(x), np.asarray(y))
-        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
-    ]
-    pairs = [(x, y) for x, y in pairs if np.issubdtype(y.dtype, np.floating) and y.size]
-    overall = max((float(np.max(np.abs(np.where(np.isfinite(y), y, 0.0)))) for _, y in pairs),
-                  default=0.0)  # fmt: skip
-    worst = 0.0
-    for x, y in pairs:
-        x, y = x.astype(np.float64), y.astype(np.float64)
+    """Largest over the leaves of max|a - b| / max|b|, for every numeric dtype: floats of
+    any width (bfloat16 and fp8 included), complex (|a - b| is the modulus), integers and
+    bools (exact: any difference counts at least 1 / max|b|), typed PRNG keys (their key
+    data). A float leaf much smaller than the rest is measured against `floor` times the
+    largest magnitude of all float leaves instead: after an Adam step, a small parameter
+    moves by about the learning rate whatever its gradient, so the rounding of a sharded
+    reduction shows up in it out of proportion to its size. Leaves whose shapes differ
+    count as an infinite error."""
+    exact, inexact = [], []
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        x, y = _as_numpy(x), _as_numpy(y)
+        if x.shape != y.shape:
+            return float("inf")
+        kinds = {_kind(x.dtype), _kind(y.dtype)}
+        if not y.size or "other" in kinds:
+            continue
+        if kinds == {"exact"}:
+            differ = x != y  # before widening: 2**53 + 1 and 2**53 are one float64
+            diff = np.where(differ, np.maximum(np.abs(_widen(x) - _widen(y)), 1.0), 0.0)
+            exact.append((diff, _largest(_widen(y))))
+        else:
+            inexact.append((_widen(x), _widen(y)))
+    overall = max((_largest(y) for _, y in inexact), default=0.0)
+    worst = max((float(np.max(d)) / max(s, 1.0) for d, s in exact), default=0.0)
+    for x, y in inexact:
         same = (x == y) | (np.isnan(x) & np.isnan(y))  # equal infinities and NaNs agree
         if not np.all(same | (np.isfinite(x) & np.isfinite(y))):
             return float("inf")  # a NaN or infinity on one side only
         with np.errstate(invalid="ignore"):  # inf - inf where `same` masks it anyway
-            finite = np.where(same, 0.0, np.abs(x - y))
-        scale = max(float(np.max(np.abs(np.where(np.isfinite(y), y, 0.0)))), floor * overall)
-        worst = max(worst, float(np.max(finite)) / (scale or 1.0))
+            diff = np.where(same, 0.0, np.abs(x - y))
+        scale = max(_largest(y), floor * overall) or 1.0
+        worst = max(worst, float(np.max(diff)) / scale)
     return worst
 
 
