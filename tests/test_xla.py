@@ -679,3 +679,11 @@ def test_hlo_flops_agree_with_xla_cost_analysis():
     compiled = jax.jit(_chain).lower(sds(4, 64, 64), sds(32, 64)).compile()
     once, per_step = xla.hlo_flops(optimized_hlo_text(compiled))
     assert once == per_step == pytest.approx(compiled.cost_analysis()["flops"], rel=1e-3)
+
+
+def test_no_buffer_assignment_dumped_reads_as_none(tmp_path):
+    assert xla.read_buffer_peak(tmp_path) is None
+    (tmp_path / "m.cpu_after_optimizations-buffer-assignment.txt").write_text(_ASSIGNMENT)
+    assert xla.read_buffer_peak(tmp_path) is None  # no live ranges beside it
+    (tmp_path / "m.cpu_after_optimizations-live-range.txt").write_text(_LIVE)
+    assert xla.read_buffer_peak(tmp_path).bytes == 64 + 100 + 16 + 40
