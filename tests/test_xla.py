@@ -652,6 +652,8 @@ def test_verify_reports_the_buffer_assignment_peak_beside_the_estimate():
     assert row.predicted == plan.cost.peak_memory_bytes
     assert report.row("memory (est.)") is not None  # the existing row stays
     assert PEAK_ROW in str(report)
+    largest = report.buffer_peak.largest
+    assert largest and largest[0].bytes == max(b.bytes for b in largest)
 
 
 def _chain(ws, x):
