@@ -296,6 +296,21 @@ def _split(ins, outs, params) -> Rule:
     return b.build(unmapped=Kind.PERMUTE)
 
 
+def _shard_map(ins, outs, params) -> Rule:
+    """A dim that shard_map's in/out specs split is a factor of its own (partir.ir.
+    constraints pins it to the spec's axes); the body sees the rest whole."""
+    b = Builder(ins, outs)
+    for specs, shapes, side in (
+        (params["in_specs"], ins, "operands"),
+        (params["out_specs"], outs, "results"),
+    ):
+        for i, (spec, shape) in enumerate(zip(specs, shapes)):
+            for d, entry in enumerate(tuple(spec)[: len(shape or ())]):
+                if entry is not None:
+                    b.factor(shape[d], **{side: {i: d}})
+    return b.build()
+
+
 def _same_size_dims(ins, outs, params) -> Rule:
     """slice, pad, rev, dynamic_slice: dims that keep their size pass through.
 
@@ -711,6 +726,7 @@ RULES: dict[str, Callable[..., Rule]] = {
     "scatter-mul": _scatter(add=False),
     "select_and_gather_add": _window,
     "select_and_scatter_add": _window,
+    "shard_map": _shard_map,
     "slice": _same_size_dims,
     "sort": _along_axis("dimension"),
     "split": _split,

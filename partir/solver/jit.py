@@ -6,7 +6,9 @@ the traced `Program` by the equation's position (the same keys `trace` recorded)
 constrained to the plan's sharding of that value; an operand the plan reshards is
 constrained to the sharding the equation runs in, as the cost model priced it. Loops are
 rebuilt with `lax.scan`, `lax.while_loop` and `lax.switch` around replayed bodies, so
-their insides are constrained too.
+their insides are constrained too. Checkpoint regions (`remat2`) and custom_jvp / custom_vjp
+calls are re-bound around their replayed bodies with their own policy and derivative rules,
+so XLA still rematerialises and JAX still differentiates by the user's rules.
 
 The user's own sharding constraints (`sharding_constraint`, `reshard`) are not replayed:
 they name the user's mesh, not partir's. partir's sharding of the constrained value takes
@@ -21,9 +23,12 @@ from typing import Any
 
 import jax
 import jax.extend as jex
+from jax._src import linear_util as lu
+from jax._src.interpreters import partial_eval as pe
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from partir.ir.constraints import CONSTRAINT_PRIMITIVES
+from partir.ir.liveness import free_values
 from partir.ir.program import INLINED_CALLS, _open, scan_counts
 from partir.ir.specs import to_spec
 
@@ -62,14 +67,16 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
     in_shardings = jax.tree_util.tree_unflatten(prog.in_tree, in_flat)
     out_shardings = jax.tree_util.tree_unflatten(prog.out_tree, out_flat)
     value_spec: Callable[[int], PartitionSpec] = lambda v: to_spec(plan.value_sharding(v))  # noqa: E731
-    operand_specs = _operand_specs(plan) if constrain else None
+    free = frozenset(free_values(prog))
+    operand_specs = _operand_specs(plan, free) if constrain else None
 
     def fn(*args):
         flat = jax.tree_util.tree_leaves(args)
         closed = prog.jaxpr
         replay = _Replay(
-            prog.eqn_outputs, mesh, value_spec, constrain, goal.honour_constraints, operand_specs
-        )
+            prog.eqn_outputs, mesh, value_spec, constrain, goal.honour_constraints,
+            operand_specs, free,
+        )  # fmt: skip
         outs = replay.run(closed.jaxpr, closed.consts, flat, ())
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
@@ -82,11 +89,12 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
     )
 
 
-def _operand_specs(plan) -> Callable[[Any, tuple], dict[int, PartitionSpec]]:
+def _operand_specs(plan, free: frozenset[int]) -> Callable[[Any, tuple], dict[int, PartitionSpec]]:
     """For an equation (and its key), the specs its resharded operands take before it runs,
     by operand position: the execution sharding the cost model priced. Left to itself,
     XLA's partitioner may reshard an operand another way (e.g. over an idle mesh axis, with
-    collective-permutes), and move more bytes than the plan says."""
+    collective-permutes), and move more bytes than the plan says. Operands in `free` (made
+    from constants alone) are left to XLA, which makes them in whatever sharding it reads."""
     goal = plan.goal
     prog, model = goal.program, goal.cost_model
 
@@ -99,7 +107,9 @@ def _operand_specs(plan) -> Callable[[Any, tuple], dict[int, PartitionSpec]]:
         if op.primitive != eqn.primitive.name or len(op.inputs) != len(eqn.invars):
             return {}
         wants = model.execution_shardings(i, plan.state)
-        return {k: to_spec(wants[v]) for k, v in enumerate(op.inputs) if v in wants}
+        return {
+            k: to_spec(wants[v]) for k, v in enumerate(op.inputs) if v in wants and v not in free
+        }
 
     return specs
 
@@ -123,8 +133,10 @@ class _Replay:
         constrain_all: bool = True,
         honour_constraints: bool = True,
         operand_specs: Callable[[Any, tuple], dict[int, PartitionSpec]] | None = None,
+        free: frozenset[int] = frozenset(),
     ) -> None:
         self.eqn_outputs = eqn_outputs
+        self.free = free
         self.operand_specs = operand_specs
         self.mesh = mesh
         self.value_spec = value_spec
@@ -140,7 +152,7 @@ class _Replay:
             return outs
         res = []
         for x, v in zip(outs, vids):
-            if _constrainable(x):
+            if _constrainable(x) and (user or v not in self.free):
                 x = jax.lax.with_sharding_constraint(
                     x, NamedSharding(self.mesh, self.value_spec(v))
                 )
@@ -171,6 +183,12 @@ class _Replay:
     def equation(self, eqn, ins, key):
         name = eqn.primitive.name
         p = eqn.params
+        if name in REMAT_CALLS:
+            return self.remat(eqn, ins, key)
+        if name in CUSTOM_CALLS:
+            return self.custom(eqn, ins, key)
+        if name == "shard_map":
+            return self.shard_map(eqn, ins)
         if name in INLINED_CALLS:
             inner = p.get(INLINED_CALLS[name])
             if inner is None:
@@ -225,3 +243,70 @@ class _Replay:
                     )
         out = eqn.primitive.bind(*ins, **p)
         return list(out) if eqn.primitive.multiple_results else [out]
+
+    def remat(self, eqn, ins, key) -> list:
+        """A checkpoint region, re-bound around its replayed body with the same policy,
+        `prevent_cse` and `differentiated`: inlined, XLA's CSE merged the recompute back."""
+        p = eqn.params
+        jaxpr, consts = _open(p["jaxpr"])
+        body, body_consts = _trace(lambda *a: self.run(jaxpr, consts, list(a), key), eqn.invars)
+        prevent_cse = p["prevent_cse"]
+        if not isinstance(prevent_cse, bool):  # one flag per operand: the consts come first
+            prevent_cse = (False,) * len(body_consts) + tuple(prevent_cse)
+        params = {**p, "jaxpr": body, "prevent_cse": prevent_cse}
+        return list(eqn.primitive.bind(*body_consts, *ins, **params))
+
+    def custom(self, eqn, ins, key) -> list:
+        """A custom_jvp / custom_vjp call, re-bound with its primal replayed and its own
+        jvp (or fwd and bwd) rules kept: inlined, JAX differentiated the primal instead."""
+        jaxpr, consts = _open(eqn.params["call_jaxpr"])
+        subfuns, params = _bind_params(eqn.primitive, eqn.params)
+        primal = lu.wrap_init(
+            lambda *a: self.run(jaxpr, consts, list(a), key), debug_info=subfuns[0].debug_info
+        )
+        return list(eqn.primitive.bind(*ins, subfuns=(primal, *subfuns[1:]), **params))
+
+    def shard_map(self, eqn, ins) -> list:
+        """The user's shard_map, re-bound on the plan's mesh with its own in/out specs; its
+        body runs as written (its values are per-device: no plan sharding applies)."""
+        p = eqn.params
+        mesh = _shard_map_mesh(p["mesh"], self.mesh)
+        subfuns, params = _bind_params(eqn.primitive, {**p, "mesh": mesh})
+        return list(eqn.primitive.bind(*ins, subfuns=subfuns, **params))
+
+
+REMAT_CALLS = ("checkpoint", "remat2")
+CUSTOM_CALLS = ("custom_jvp_call", "custom_vjp_call")
+
+
+def _trace(fn: Callable, invars: Sequence[Any]) -> tuple[Any, list]:
+    """`fn` traced on the avals of `invars` into an open jaxpr whose leading invars are its
+    constants, and those constants."""
+    avals = [v.aval for v in invars]
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    closed = jax.make_jaxpr(fn)(*specs)
+    return pe.convert_constvars_jaxpr(closed.jaxpr), list(closed.consts)
+
+
+def _bind_params(primitive, params: dict) -> tuple[tuple, dict]:
+    """(subfuns, params) to re-bind a call primitive of a jaxpr equation (as
+    `jax.core.eval_jaxpr` does); jax 0.10 returns them as one dict."""
+    got = primitive.get_bind_params(params)
+    if isinstance(got, tuple):
+        subfuns, bind = got
+        return tuple(subfuns), dict(bind)
+    bind = dict(got)
+    return tuple(bind.pop("subfuns", ())), bind
+
+
+def _shard_map_mesh(theirs: Any, ours: Mesh) -> Mesh:
+    """The plan's mesh for a shard_map written on `theirs`: every axis it names must be
+    one of the plan mesh's, of the same size (its body was traced for those local shapes)."""
+    have = dict(ours.shape)
+    wrong = {a: n for a, n in dict(theirs.shape).items() if have.get(a) != n}
+    if wrong:
+        raise ValueError(
+            f"a shard_map in the program runs on mesh axes {wrong}, which the goal mesh "
+            f"{have} lacks or sizes otherwise; give the goal mesh those axes and sizes"
+        )
+    return ours
