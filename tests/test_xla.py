@@ -652,6 +652,8 @@ def test_verify_reports_the_buffer_assignment_peak_beside_the_estimate():
     assert row.predicted == plan.cost.peak_memory_bytes
     assert report.row("memory (est.)") is not None  # the existing row stays
     assert PEAK_ROW in str(report)
+    largest = report.buffer_peak.largest
+    assert largest and largest[0].bytes == max(b.bytes for b in largest)
 
 
 def _chain(ws, x):
@@ -679,3 +681,11 @@ def test_hlo_flops_agree_with_xla_cost_analysis():
     compiled = jax.jit(_chain).lower(sds(4, 64, 64), sds(32, 64)).compile()
     once, per_step = xla.hlo_flops(optimized_hlo_text(compiled))
     assert once == per_step == pytest.approx(compiled.cost_analysis()["flops"], rel=1e-3)
+
+
+def test_no_buffer_assignment_dumped_reads_as_none(tmp_path):
+    assert xla.read_buffer_peak(tmp_path) is None
+    (tmp_path / "m.cpu_after_optimizations-buffer-assignment.txt").write_text(_ASSIGNMENT)
+    assert xla.read_buffer_peak(tmp_path) is None  # no live ranges beside it
+    (tmp_path / "m.cpu_after_optimizations-live-range.txt").write_text(_LIVE)
+    assert xla.read_buffer_peak(tmp_path).bytes == 64 + 100 + 16 + 40

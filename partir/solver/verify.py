@@ -7,7 +7,13 @@ import itertools
 import math
 
 from partir.ir.cost import KINDS, fmt_bytes
-from partir.ir.xla import CompiledStats, as_cpu_kinds, compile_with_buffer_peak, stats_of_compiled
+from partir.ir.xla import (
+    BufferPeak,
+    CompiledStats,
+    as_cpu_kinds,
+    compile_with_buffer_peak,
+    stats_of_compiled,
+)
 
 # Collective bytes per kind must agree within this ratio; argument bytes exactly.
 COLLECTIVE_TOLERANCE = 0.05
@@ -41,6 +47,8 @@ class VerifyReport:
     rows: list[VerifyRow]
     stats: CompiledStats
     ok: bool
+    # XLA's buffer assignment at its peak (the largest live buffers, by jaxpr equation)
+    buffer_peak: BufferPeak | None = None
 
     def row(self, what: str) -> VerifyRow | None:
         """The row named `what` (a collective kind, "argument memory", "memory (est.)",
@@ -94,7 +102,7 @@ def verify(goal, plan, *, mesh=None, compiler_options: dict | None = None) -> Ve
     rows.append(VerifyRow("memory (est.)", cost.peak_memory_bytes, stats.allocated_bytes, True))
     if stats.true_peak_bytes is not None:
         rows.append(VerifyRow(PEAK_ROW, cost.peak_memory_bytes, stats.true_peak_bytes, True))
-    return VerifyReport(predicted, measured, rows, stats, all(r.ok for r in rows))
+    return VerifyReport(predicted, measured, rows, stats, all(r.ok for r in rows), peak)
 
 
 def priced_comm_s(stats: CompiledStats, model) -> float:
