@@ -8,7 +8,13 @@ constrained to the sharding the equation runs in, as the cost model priced it. L
 rebuilt with `lax.scan`, `lax.while_loop` and `lax.switch` around replayed bodies, so
 their insides are constrained too. Checkpoint regions (`remat2`) and custom_jvp / custom_vjp
 calls are re-bound around their replayed bodies with their own policy and derivative rules,
-so XLA still rematerialises and JAX still differentiates by the user's rules.
+so XLA still rematerialises and JAX still differentiates by the user's rules. A shard_map
+is re-bound on the plan's mesh with its own in/out specs, its body as written.
+
+Values made from constants alone (`partir.ir.cost.recomputable_values`: scalar
+broadcasts, iotas and what it derives from them) are not constrained, as outputs or as
+operands: XLA fuses them into their readers, in whatever sharding those read; a
+constraint could make it keep one as a buffer.
 
 The user's own sharding constraints (`sharding_constraint`, `reshard`) are not replayed:
 they name the user's mesh, not partir's. partir's sharding of the constrained value takes
@@ -123,7 +129,8 @@ class _Replay:
     """Runs a jaxpr equation by equation, constraining outputs to the plan's shardings:
     every equation's with `constrain_all`, else only the user's honoured constraints.
     `operand_specs` (see `_operand_specs`) also constrains operands that the plan
-    reshards, to the sharding the equation runs in."""
+    reshards, to the sharding the equation runs in. Values in `free` are left to XLA,
+    unless the user constrained them."""
 
     def __init__(
         self,
