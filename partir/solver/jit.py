@@ -36,7 +36,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from partir.ir.constraints import CONSTRAINT_PRIMITIVES
 from partir.ir.cost import recomputable_values
 from partir.ir.program import INLINED_CALLS, _open, scan_counts
-from partir.ir.specs import to_spec
+from partir.ir.specs import PlanError, to_spec
 
 
 def make_mesh(axes: dict[str, int], devices: Sequence[Any] | None = None) -> Mesh:
@@ -307,13 +307,12 @@ def _bind_params(primitive, params: dict) -> tuple[tuple, dict]:
 
 
 def _shard_map_mesh(theirs: Any, ours: Mesh) -> Mesh:
-    """The plan's mesh for a shard_map written on `theirs`: every axis it names must be
-    one of the plan mesh's, of the same size (its body was traced for those local shapes)."""
-    have = dict(ours.shape)
-    wrong = {a: n for a, n in dict(theirs.shape).items() if have.get(a) != n}
-    if wrong:
-        raise ValueError(
-            f"a shard_map in the program runs on mesh axes {wrong}, which the goal mesh "
-            f"{have} lacks or sizes otherwise; give the goal mesh those axes and sizes"
+    """The plan's mesh for a shard_map written on `theirs`: its body was traced for that
+    mesh's axes (names, sizes and order), so the plan's mesh must have the same."""
+    want, have = dict(theirs.shape), dict(ours.shape)
+    if list(want.items()) != list(have.items()):
+        raise PlanError(
+            f"a shard_map in the program runs on the mesh {want}, but the goal mesh is "
+            f"{have}; write the goal mesh as {want} (the same axes, sizes and order)"
         )
     return ours
