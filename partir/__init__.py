@@ -4,11 +4,14 @@ from partir import strategies
 from partir.dsl import GoalError, load_goal, load_goal_text
 from partir.goal import Goal, Search
 from partir.ir.cost import Collective, Cost
+from partir.ir.program import TraceError
+from partir.ir.rules import UnknownPrimitiveWarning
 from partir.ir.specs import PlanError
+from partir.jax_api import jit
+from partir.solver.mesh_search import solve_goal as solve
 from partir.solver.plan import Plan, evaluate
 from partir.solver.plan import make_plan as plan
 from partir.solver.prune import InfeasibleMemory
-from partir.solver.search import solve
 from partir.solver.verify import verify
 from partir.strategies.experts import expert_plans as experts
 
@@ -21,8 +24,11 @@ __all__ = [
     "Plan",
     "PlanError",
     "Search",
+    "TraceError",
+    "UnknownPrimitiveWarning",
     "evaluate",
     "experts",
+    "jit",
     "load_goal",
     "load_goal_text",
     "plan",

@@ -113,7 +113,7 @@ def cmd_solve(args) -> int:
     from rich.table import Table
 
     from partir.ir.cost import fmt_bytes
-    from partir.solver.search import solve
+    from partir.solver.mesh_search import solve_goal as solve
 
     console = _console()
     goal = _load(args.goal)
@@ -151,9 +151,9 @@ def cmd_solve(args) -> int:
     if args.rules:
         with open(args.rules, "w") as f:
             f.write(plan.rules_source(args.rules))
-    if args.json:
+    if args.json and plan.cost.fits:
         print(plan.to_json())
-    else:
+    elif not args.json:
         t = Table(title="plan", title_justify="left")
         t.add_column("input")
         t.add_column("PartitionSpec")
@@ -161,6 +161,8 @@ def cmd_solve(args) -> int:
             t.add_row(pattern, spec)
         console.print(t)
         console.print(_cost_table("cost per device", plan.cost, plan.baselines))
+        if plan.search.get("meshes"):
+            console.print(_mesh_table(plan))
         s = plan.search
         console.print(
             f"searched {s['episodes']} episodes in {s['seconds']:.2f} s; actions "
@@ -173,13 +175,44 @@ def cmd_solve(args) -> int:
                 f"against a limit of {fmt_bytes(goal.memory_limit)}"
             )
     if not plan.cost.fits:
-        console.print(
-            f"error: no plan found fits the memory limit; the best found needs "
+        message = (
+            f"no plan found fits the memory limit; the best found needs "
             f"{fmt_bytes(plan.cost.peak_memory_bytes)} per device (estimate), the limit is "
             f"{fmt_bytes(goal.memory_limit)}"
         )
+        largest = goal.cost_model.peak_buffers(plan.state)
+        console.print(f"error: {message}; the largest buffers live at its peak:")
+        for nbytes, what in largest:
+            console.print(f"  {fmt_bytes(nbytes):>12}  {what}")
+        if args.json:
+            _print_error(message, EXIT_INFEASIBLE, peak_memory_bytes=plan.cost.peak_memory_bytes,
+                         memory_limit_bytes=goal.memory_limit,
+                         largest_buffers=[{"bytes": n, "what": w} for n, w in largest],
+                         plan=json.loads(plan.to_json()))  # fmt: skip
         return EXIT_INFEASIBLE
     return EXIT_OK
+
+
+def _mesh_table(plan):
+    from rich.table import Table
+
+    from partir.solver.mesh_search import mesh_rows
+
+    t = Table(title=f"mesh shapes tried ({plan.goal.num_devices} devices)", title_justify="left",
+              caption="step and peak memory per device are estimates of the cost model; every "
+              "shape is searched briefly, the best again in full", caption_justify="left")  # fmt: skip
+    t.add_column("mesh")
+    t.add_column("step", justify="right")
+    t.add_column("peak", justify="right")
+    t.add_column("")
+    for row in mesh_rows(plan):
+        t.add_row(*row)
+    return t
+
+
+def _print_error(message: str, code: int, **numbers) -> None:
+    """The one JSON object of `--json` when there is no plan to print."""
+    print(json.dumps({"error": message, "exit": code, **numbers}))
 
 
 def cmd_check(args) -> int:
@@ -196,10 +229,21 @@ def cmd_check(args) -> int:
 
 
 def _load_plan(goal, path):
+    """The plan file on the goal; a goal whose mesh has open axes takes the plan's shape
+    when it is one of its factorizations (what `solve` chose)."""
+    from partir.solver.mesh_search import candidate_meshes, with_mesh
     from partir.solver.plan import Plan
 
     with open(path) as f:
-        return Plan.from_json(f.read(), goal)
+        text = f.read()
+    if goal.open_axes:
+        try:
+            mesh = json.loads(text).get("mesh")
+        except (ValueError, AttributeError):
+            mesh = None
+        if mesh in candidate_meshes(goal):
+            goal = with_mesh(goal, mesh)
+    return Plan.from_json(text, goal)
 
 
 def cmd_verify(args) -> int:
@@ -208,6 +252,7 @@ def cmd_verify(args) -> int:
     console = _console()
     goal = _load(args.goal)
     plan = _load_plan(goal, args.plan)
+    goal = plan.goal or goal  # an open mesh's goal on the plan's shape
     report = verify(goal, plan)
     numerics = None
     if args.numerics:
@@ -242,6 +287,7 @@ def cmd_explain(args) -> int:
 
     goal = _load(args.goal)
     plan = _load_plan(goal, args.plan)
+    goal = plan.goal or goal  # an open mesh's goal on the plan's shape
     print(explain(goal, plan, plot=args.plot))
     return EXIT_OK
 
@@ -288,29 +334,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse said why on stderr
+        if as_json and e.code:
+            _print_error("invalid command line (the reason is on stderr)", int(e.code))
+        raise
     from partir.dsl import GoalError
     from partir.ir.program import TraceError
     from partir.ir.specs import PlanError
     from partir.solver.prune import InfeasibleMemory
 
+    as_json = getattr(args, "json", False)
     try:
         return args.fn(args)
-    except GoalError as err:
-        print(str(err), file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (PlanError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except TraceError as err:
-        where = f"{args.goal}: " if getattr(args, "goal", None) else ""
-        print(f"{where}error: {err}; check the program and inputs statements", file=sys.stderr)
+    except (GoalError, PlanError, OSError, TraceError) as err:
+        if isinstance(err, GoalError):
+            message = str(err)
+        elif isinstance(err, TraceError):
+            where = f"{args.goal}: " if getattr(args, "goal", None) else ""
+            message = f"{where}error: {err}; check the program and inputs statements"
+        else:
+            message = f"error: {err}"
+        print(message, file=sys.stderr)
+        if as_json:
+            _print_error(message.splitlines()[0], EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except InfeasibleMemory as err:
         print(f"error: {err}", file=sys.stderr)
+        if as_json:
+            _print_error(str(err), EXIT_INFEASIBLE, smallest_memory_bytes=err.smallest_bytes,
+                         memory_limit_bytes=err.limit_bytes, axis=err.axis)  # fmt: skip
         return EXIT_INFEASIBLE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        if as_json:
+            _print_error("interrupted", 130)
         return 130
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -70,6 +71,73 @@ class Search:
             raise ValueError(f"rollout must be 'random' or 'greedy', not {self.rollout!r}")
 
 
+_SHARED_TRACES: list[dict] = []
+
+
+@contextlib.contextmanager
+def shared_traces():
+    """Within it, goals of one function on args of the same shapes and dtypes share one
+    trace (the mesh search solves one program on many meshes, with its shallow copies)."""
+    _SHARED_TRACES.append(_SHARED_TRACES[-1] if _SHARED_TRACES else {})
+    try:
+        yield
+    finally:
+        _SHARED_TRACES.pop()
+
+
+def _trace_key(fn: Callable, args: Sequence[Any]) -> tuple | None:
+    import jax
+
+    leaves, tree = jax.tree_util.tree_flatten(tuple(args))
+    sig = tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves)
+    try:
+        return hash((fn, tree, sig)) and (fn, tree, sig)
+    except TypeError:  # an unhashable function object: trace it every time
+        return None
+
+
+def read_mesh(mesh: Any) -> tuple[Any, dict[str, int | None]]:
+    """(the jax Mesh or None, {axis: size or None}) from a dict or a `jax.sharding.Mesh`."""
+    if hasattr(mesh, "axis_names") and hasattr(mesh, "devices") and hasattr(mesh, "shape"):
+        return mesh, {str(k): int(v) for k, v in mesh.shape.items()}
+    if not isinstance(mesh, Mapping):
+        raise TypeError(
+            f"mesh must be a dict {{axis: size}} or a jax.sharding.Mesh, not {type(mesh).__name__}"
+        )
+    out: dict[str, int | None] = {}
+    for name, size in mesh.items():
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(
+                f"mesh axis {name!r} has size {size!r}; sizes must be whole numbers >= 1 "
+                "(or None, with devices=N, for partir to choose)"
+            )
+        out[str(name)] = size
+    return None, out
+
+
+def check_devices(mesh: Mapping[str, int | None], devices: int | None) -> int | None:
+    """`devices` checked against the mesh: needed exactly when some axis has no size."""
+    open_ = [a for a, s in mesh.items() if s is None]
+    if devices is None:
+        if open_:
+            raise ValueError(
+                f"mesh axes {open_} have no size: pass devices=N, the number of devices "
+                "whose factorizations partir tries"
+            )
+        return None
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be a whole number >= 1, not {devices!r}")
+    fixed = 1
+    for s in mesh.values():
+        fixed *= s or 1
+    if devices % fixed or (not open_ and devices != fixed):
+        raise ValueError(
+            f"the mesh {dict(mesh)} cannot cover devices={devices}: the fixed axes' sizes "
+            f"multiply to {fixed}"
+        )
+    return devices
+
+
 class Goal:
     """A planning problem. The program is traced once, lazily, and shared by all plans."""
 
@@ -77,7 +145,7 @@ class Goal:
         self,
         program: Callable,
         args: Sequence[Any],
-        mesh: Mapping[str, int],
+        mesh: Mapping[str, int | None] | Any,
         device: str | Device = "cpu",
         memory_limit: int | str | None = None,
         objective: str = "time",
@@ -89,13 +157,13 @@ class Goal:
         honour_constraints: bool = True,
         filename: str | None = None,
         notes: Sequence[str] = (),
+        devices: int | None = None,
     ) -> None:
         self.fn = program
         self.args = tuple(args)
-        self.mesh = {str(k): int(v) for k, v in mesh.items()}
-        for name, size in self.mesh.items():
-            if size < 1:
-                raise ValueError(f"mesh axis {name!r} has size {size}; sizes must be >= 1")
+        # a jax.sharding.Mesh: its axes and sizes, and plan.jit runs on its devices
+        self.jax_mesh, self.mesh = read_mesh(mesh)
+        self.devices = check_devices(self.mesh, devices)
         self.device = get_device(device) if isinstance(device, str) else device
         self.memory_limit = parse_bytes(memory_limit)
         if objective not in ("time", "memory", "comm"):
@@ -113,18 +181,36 @@ class Goal:
 
     @property
     def num_devices(self) -> int:
+        if self.devices is not None:
+            return self.devices
         n = 1
         for s in self.mesh.values():
             n *= s
         return n
 
+    @property
+    def open_axes(self) -> list[str]:
+        """The mesh axes whose size the search chooses (`mesh={"data": None}, devices=N`)."""
+        return [a for a, s in self.mesh.items() if s is None]
+
     @functools.cached_property
     def program(self) -> Program:
+        key = _trace_key(self.fn, self.args) if _SHARED_TRACES else None
+        if key is not None and key in _SHARED_TRACES[-1]:
+            return _SHARED_TRACES[-1][key]
         with paused_gc():
-            return trace(self.fn, self.args)
+            prog = trace(self.fn, self.args)
+        if key is not None:
+            _SHARED_TRACES[-1][key] = prog
+        return prog
 
     @functools.cached_property
     def propagator(self) -> Propagator:
+        if self.open_axes:
+            raise ValueError(
+                f"the mesh {self.mesh} has axes of no size yet; partir.solve chooses them "
+                "(or give every axis a size)"
+            )
         seed = constraint_decisions(self.program, self.mesh) if self.honour_constraints else []
         with paused_gc():
             return Propagator(self.program, self.mesh, seed, self.replicated())

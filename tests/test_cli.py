@@ -45,7 +45,18 @@ def test_memory_limit_that_cannot_be_met_exits_3(tmp_path, capsys):
     goal = tmp_path / "tight.partir"
     goal.write_text(pathlib.Path(MLP).read_text().replace("16GiB", "1KiB"))
     assert main(["solve", str(goal)]) == 3
-    assert "smallest possible per-device memory" in capsys.readouterr().err
+    assert "needs at least" in capsys.readouterr().err
+
+
+def test_no_plan_fits_names_the_largest_buffers_at_its_peak(tmp_path, capsys):
+    goal = tmp_path / "tight.partir"
+    goal.write_text(pathlib.Path(MLP).read_text().replace("16GiB", "1KiB"))
+    assert main(["solve", str(goal), "--no-prune", "--seconds", "1"]) == 3
+    err = capsys.readouterr().err
+    assert "no plan found fits the memory limit" in err
+    listed = err.split("the largest buffers live at its peak:")[1].strip().splitlines()[:5]
+    assert len(listed) == 5 and all(("iB" in row or " B " in row) for row in listed)
+    assert any("params/" in row or "opt_state/" in row or " at " in row for row in listed)
 
 
 def test_solve_text_in_a_pipe_keeps_names_and_numbers_whole(capsys, monkeypatch):

@@ -67,7 +67,9 @@ CASES = [
         if (model, mesh, name) in KNOWN_GAPS else [],
         id=f"{model}-{mesh}-{name}",
     )
-    for model in MODELS
+    # llama (bf16 compute by default) is held to XLA by benchmarks/xla_fidelity.py: in f32 its
+    # sharded step differs from the unsharded one by 1.4e-4 on every plan, BP included.
+    for model in MODELS if model != "llama"
     for mesh in MESHES
     for name in _names(model, mesh)
 ]  # fmt: skip

@@ -70,7 +70,7 @@ def trained():
 
 
 def test_registry():
-    assert set(NAMES) == {"mlp", "gpt", "gns", "unet", "moe"}
+    assert set(NAMES) == {"mlp", "gpt", "gns", "unet", "moe", "llama"}
     assert models.get("gpt") is gpt
     with pytest.raises(ValueError, match="gpt") as err:
         models.get("resnet")
@@ -187,7 +187,8 @@ def test_train_step_traces_abstractly(name):
 
     jaxpr = jax.make_jaxpr(mod.train_step)(*mod.example_args()).jaxpr
     assert not primitive_names(jaxpr) & RANDOM_PRIMITIVES
-    assert float_dtypes(jaxpr) == {"float32"}
+    # llama computes in bf16 over f32 master weights by design.
+    assert float_dtypes(jaxpr) == ({"float32", "bfloat16"} if name == "llama" else {"float32"})
 
 
 # ----------------------------------------------------------------------------- gpt

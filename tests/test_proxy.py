@@ -106,6 +106,7 @@ def test_auto_search_replays_its_actions_in_order_on_the_full_program():
         g.schedule = [st.auto("batch"), st.auto("model")]
         g.search = partir.Search(seed=0, episodes=60, proxy=g.search.proxy)
     fast, full = (partir.solve(g, baselines=False) for g in goals)
-    assert fast.search["proxy"]["used"] and len(fast.search["axes"][0]["chosen"]) > 1
+    assert fast.search["proxy"]["used"]
+    assert sum(len(a["chosen"]) for a in fast.search["axes"]) > 1  # several actions replayed
     assert fast.specs == full.specs
     assert fast.cost.step_time_s == pytest.approx(full.cost.step_time_s, rel=1e-9)

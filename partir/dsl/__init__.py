@@ -6,6 +6,7 @@ names. Statements need no separator; `#` starts a comment.
     program "module:function"                 # or "file.py:function", next to the goal file
     inputs  "module:function"(k=v, ...)       # called once; returns the program's args tuple
     mesh    batch=8, model=8                  # axis=size, in order, major first
+    mesh    data=?, fsdp=?, tensor=? over 64  # ... or sizes partir chooses (every shape)
     device  "tpu-v4"                          # a catalog device ...
     device  { hbm 32GiB  flops 275T  hbm_bandwidth 1.2T/s  link batch 50G/s }  # ... or a block
     device  "h100" { link model 400G/s }      # ... or a catalog device with some fields changed

@@ -71,6 +71,7 @@ def compile_spec(spec: GoalSpec, base_dir: str | None = None) -> Goal:
             honour_constraints=spec.honour_constraints,
             filename=spec.filename,
             notes=spec.notes,
+            devices=spec.devices,
         )
     except ValueError as e:  # the spec checks should have caught it; still say where
         raise spec.error(spec.positions.get("program", Pos()), first_line(e)) from None
@@ -224,7 +225,7 @@ def _check_manual(spec: GoalSpec, shapes: dict[str, tuple[int, ...]]) -> None:
                 )
         for path in matched:
             shape = shapes[path]
-            if shape[s.dim] % size:
+            if size is not None and shape[s.dim] % size:  # None: a size the search chooses
                 raise spec.error(
                     m.axis_pos,
                     f"mesh axis '{s.axis}' (size {size}) does not divide dim {s.dim} of "

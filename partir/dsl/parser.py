@@ -78,6 +78,14 @@ class Field:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshOver:
+    """`over 64` after a mesh's axes: the device count whose factorizations are tried."""
+
+    devices: Num
+    pos: Pos
+
+
+@dataclasses.dataclass(frozen=True)
 class Strategy:
     name: Word
     call: Call | None
@@ -100,6 +108,9 @@ class _ToRecords(Transformer):
 
     def NUMBER(self, tok: Token) -> Num:
         return Num(str(tok), Pos.of(tok))
+
+    def OPEN_SIZE(self, tok: Token) -> Word:
+        return Word("?", Pos.of(tok))
 
     def STRING(self, tok: Token) -> Str:
         body = str(tok)[1:-1]
@@ -133,8 +144,12 @@ class _ToRecords(Transformer):
     def call(self, meta: Any, args: list) -> Call:
         return Call(tuple(a for a in args if a is not None), Pos.of(meta))
 
-    def mesh_axis(self, children: list) -> tuple[Word, Num]:
+    def mesh_axis(self, children: list) -> tuple[Word, Num | Word]:
         return children[0], children[1]
+
+    @v_args(meta=True)
+    def mesh_over(self, meta: Any, children: list) -> MeshOver:
+        return MeshOver(children[0], Pos.of(meta))
 
     def device_field(self, children: list) -> Field:
         return Field(*children)

@@ -13,6 +13,7 @@ from partir.dsl.parser import (
     Call,
     Field,
     ListValue,
+    MeshOver,
     Num,
     Statement,
     Str,
@@ -118,7 +119,7 @@ class GoalSpec:
     filename: str
     program: EntryPoint
     inputs: EntryPoint
-    mesh: dict[str, int]
+    mesh: dict[str, int]  # an axis written `NAME=?` has size None: see `devices`
     device: Device | None = None
     memory_limit: int | None = None
     objective: str = "time"
@@ -128,6 +129,7 @@ class GoalSpec:
     honour_constraints: bool = True
     notes: list[str] = dataclasses.field(default_factory=list)
     source: Source = dataclasses.field(default=Source("<text>", ""), compare=False, repr=False)
+    devices: int | None = None  # `mesh ... over N`: the device count the open axes share
     positions: dict[str, Pos] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -154,8 +156,9 @@ class _Builder:
         self.seen: dict[str, Pos] = {}
         self.program: EntryPoint | None = None
         self.inputs: EntryPoint | None = None
-        self.mesh: dict[str, int] = {}
+        self.mesh: dict[str, int | None] = {}
         self.mesh_pos: dict[str, Pos] = {}
+        self.devices: int | None = None
         self.device: Device | None = None
         self.device_base: Device | None = None
         self.device_fields: dict[str, tuple[Any, Pos]] = {}
@@ -209,6 +212,7 @@ class _Builder:
             honour_constraints=self.honour_constraints,
             notes=self.notes,
             source=self.source,
+            devices=self.devices,
             positions=dict(self.seen),
         )
 
@@ -359,15 +363,50 @@ class _Builder:
         self.inputs = ep
 
     def _mesh(self, st: Statement) -> None:
-        for name, size in st.parts:
+        over = st.parts[-1] if st.parts and isinstance(st.parts[-1], MeshOver | None) else None
+        axes = st.parts[:-1] if st.parts and st.parts[-1] is over else st.parts
+        for name, size in axes:
             if name.text in self.mesh:
                 raise self.error(
                     name.pos,
                     f"mesh axis '{name.text}' is given twice "
                     f"(first at column {self.mesh_pos[name.text].column})",
                 )
-            self.mesh[name.text] = self.positive_int(size, f"the size of mesh axis '{name.text}'")
+            if isinstance(size, Word):  # `NAME=?`: the search chooses it
+                self.mesh[name.text] = None
+            else:
+                what = f"the size of mesh axis '{name.text}'"
+                self.mesh[name.text] = self.positive_int(size, what)
             self.mesh_pos[name.text] = name.pos
+        self._mesh_over(st, over)
+
+    def _mesh_over(self, st: Statement, over: MeshOver | None) -> None:
+        """`over N`: needed with a `NAME=?` axis, and N must be a multiple of the rest."""
+        open_ = [a for a, s in self.mesh.items() if s is None]
+        if over is None:
+            if open_:
+                written = ", ".join(f"{a}={'?' if s is None else s}" for a, s in self.mesh.items())
+                raise self.error(
+                    self.mesh_pos[open_[0]],
+                    f"mesh axis '{open_[0]}' has size ?, so the mesh needs a device count: "
+                    f"write `mesh {written} over N` with N the number of devices",
+                )
+            return
+        n = self.positive_int(over.devices, "the device count after 'over'")
+        fixed = math.prod(s for s in self.mesh.values() if s is not None)
+        if not open_ and n != fixed:
+            raise self.error(
+                over.devices.pos,
+                f"the mesh's sizes multiply to {fixed}, not {n}; write NAME=? for the axes "
+                "whose size partir should choose",
+            )
+        if n % fixed:
+            raise self.error(
+                over.devices.pos,
+                f"{n} devices cannot be split over the fixed axes, whose sizes multiply to "
+                f"{fixed}; choose a multiple of {fixed}",
+            )
+        self.devices = n
 
     def _device(self, st: Statement) -> None:
         fields: tuple[Field, ...] = ()

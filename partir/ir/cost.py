@@ -19,12 +19,12 @@ estimate too: live bytes in program order (arguments live throughout, unless don
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Mapping
 
 import numpy as np
 
+from partir.ir import liveness
 from partir.ir.devices import Device
 from partir.ir.program import Program
 from partir.ir.propagate import Axes, Propagator, Sharding, State, join_axes, split_axes
@@ -142,6 +142,9 @@ class OpCost:
     # (kind, axes, bytes, reuse key): an operand resharded the same way twice is one
     # collective, since XLA computes it once and keeps it (the key is (value, src, dst))
     collectives: tuple[tuple[str, Axes, int, tuple | None], ...]
+    # a result left as a partial sum: (kind, axes) of its reduction and the bytes of the
+    # unreduced buffer, which lives until the (combined) reduction runs
+    partial: tuple[str, Axes, float] | None = None
 
 
 class CostModel:
@@ -165,44 +168,21 @@ class CostModel:
         self._templates: dict[tuple, OpCost] = {}  # (op kind, shardings) -> its cost
         self._ways: dict[Sharding, int] = {}  # see _ways_of
         self._operands = propagator.operands
-        self._init_liveness(donate)
-        self.free = recomputable_values(self.program)
+        prog = self.program
+        self.liveness = liveness.analyse(prog, self._operands, donate=donate)
+        self.free = self.liveness.free
+        self._stored = self.liveness.stored.tolist()
+        self._position = self.liveness.position.tolist()
+        self._live_ops = self.liveness.live_ops.tolist()
+        self.is_input = np.zeros(len(prog.values), dtype=bool)
+        self.is_input[list(prog.inputs.values())] = True
+        # what each value holds in memory, unsharded: nothing for a value that is no buffer
+        self.global_bytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
+        self.global_bytes[~self.liveness.stored] = 0.0
+        self._itemsize = [v.itemsize for v in prog.values]
         self._kinds = self._op_kinds()  # see op_cost
 
     # -- memory -----------------------------------------------------------------------
-    def _init_liveness(self, donate: bool) -> None:
-        """Each value lives from the op that makes it (inputs: from the start; values only
-        read: from their first reader) to its last reader (outputs and kept inputs: the
-        end)."""
-        prog = self.program
-        n = len(prog.values)
-        end = len(prog.ops)
-        at = np.arange(end, dtype=np.int64)
-        read_v = np.fromiter(itertools.chain.from_iterable(self._operands), np.int64)
-        read_at = np.repeat(at, np.fromiter(map(len, self._operands), np.int64, count=end))
-        outputs = [op.outputs for op in prog.ops]
-        made_v = np.fromiter(itertools.chain.from_iterable(outputs), np.int64)
-        made_at = np.repeat(at, np.fromiter(map(len, outputs), np.int64, count=end))
-        birth = np.full(n, end + 1, dtype=np.int64)
-        np.minimum.at(birth, read_v, read_at)
-        birth[made_v] = made_at
-        birth[birth > end] = -1
-        death = np.full(n, -1, dtype=np.int64)
-        np.maximum.at(death, read_v, read_at)
-        np.maximum.at(death, made_v, made_at)
-        donated = set(prog.carried.values()) if donate else set()
-        self.is_input = np.zeros(n, dtype=bool)
-        for path, v in prog.inputs.items():
-            birth[v] = 0
-            self.is_input[v] = True
-            if path not in donated:
-                death[v] = end
-        for v in prog.outputs.values():
-            death[v] = end
-        birth = np.maximum(birth, 0)
-        death = np.maximum(death, birth)
-        self.birth, self.death, self.end = birth, death, end
-        self.global_bytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
 
     def local_bytes(self, state: State) -> np.ndarray:
         lb = self.global_bytes.copy()
@@ -221,14 +201,12 @@ class CostModel:
         n = self._ways[s] = math.prod(self.prop.size(axes) for axes in s)
         return n
 
-    def memory(self, state: State) -> tuple[int, int]:
-        """(argument bytes, peak live bytes) per device."""
+    def memory(self, state: State, extra: list[tuple[int, int, float]] = ()) -> tuple[int, int]:
+        """(argument bytes, peak live bytes) per device; `extra`: buffers of the state's
+        collectives as (start, end, bytes), see `cost`."""
         lb = self.local_bytes(state)
         args = int(lb[self.is_input].sum())
-        diff = np.zeros(self.end + 2)
-        np.add.at(diff, self.birth, lb)
-        np.add.at(diff, self.death + 1, -lb)
-        return args, int(np.cumsum(diff).max())
+        return args, liveness.peak(lb, self.liveness, extra)[1]
 
     # -- per-op costs -----------------------------------------------------------------
     def _drop_trivial(self, c: OpCost) -> OpCost:
@@ -238,7 +216,13 @@ class CostModel:
             axes = tuple(a for a in axes if self.mesh[a] > 1)
             if axes:
                 kept.append((kind, axes, nbytes, reuse))
-        return c if len(kept) == len(c.collectives) else OpCost(c.flops, c.bytes, tuple(kept))
+        partial = c.partial
+        if partial is not None:
+            axes = tuple(a for a in partial[1] if self.mesh[a] > 1)
+            partial = (partial[0], axes, partial[2]) if axes else None
+        if len(kept) == len(c.collectives) and partial == c.partial:
+            return c
+        return OpCost(c.flops, c.bytes, tuple(kept), partial)
 
     def op_cost(self, i: int, state: State) -> OpCost:
         """How op `i` runs in `state`. Ops of one kind (rule, dtypes, which tensors are one
@@ -253,18 +237,18 @@ class CostModel:
             c = self._drop_trivial(self._op_cost(op, full))
             template = self._templates[key] = OpCost(c.flops, c.bytes, tuple(
                 (k, axes, n, None if r is None else (vids.index(r[0]),) + r[1:])
-                for k, axes, n, r in c.collectives))  # fmt: skip
+                for k, axes, n, r in c.collectives), c.partial)  # fmt: skip
         if not template.collectives or not _moves_operands(template):
             return template
         return OpCost(template.flops, template.bytes, tuple(
             (k, axes, n, None if r is None else (vids[r[0]],) + r[1:])
-            for k, axes, n, r in template.collectives))  # fmt: skip
+            for k, axes, n, r in template.collectives), template.partial)  # fmt: skip
 
     def _op_kinds(self) -> list[int]:
         """Per op, what its cost depends on besides the shardings: its propagation kind,
-        primitive, and per tensor the item size (negative for a free value), numbered
-        (a small int hashes faster in the template keys)."""
-        sizes = [-v.itemsize if k in self.free else v.itemsize
+        primitive, and per tensor the item size, whether it is free and whether it is a
+        buffer, numbered (a small int hashes faster in the template keys)."""
+        sizes = [(v.itemsize, k in self.free, self._stored[k])
                  for k, v in enumerate(self.program.values)]  # fmt: skip
         size = sizes.__getitem__
         number: dict[tuple, int] = {}
@@ -320,25 +304,33 @@ class CostModel:
                         fa[f] = axes
                         used |= set(axes)
         colls: list[tuple[str, Axes, int]] = []
-        nbytes = 0.0
+        nbytes = 0.0  # HBM traffic: buffers read and written (fused and free values are none)
         partial = [a for f, axes in fa.items() if rule.kinds[f] is Kind.REDUCTION for a in axes]
+        unreduced = None
+        stored, free = self._stored, self.free
         for t, ((v, dims), s) in enumerate(zip(tensors, shardings)):
             shape = prop.shapes[v]
             item = self.program.values[v].itemsize
             want = tuple(join_axes(fs, fa, rule.sizes, mesh) for fs in dims)
             if t < n_in:
-                if v not in self.free:
+                if v not in free:
                     reuse = (v, s, want)
                     colls += [c + (reuse,) for c in reshard(shape, item, s, want, mesh)]
-                nbytes += local_size(shape, want, mesh) * item
+                if stored[v] or v not in free and s != want:
+                    nbytes += local_size(shape, want, mesh) * item
             else:
                 cur = want
                 if partial:
                     # scatter first, then all-reduce the scattered shard over the rest
                     scatter = [a for a in partial if any(a in axes for axes in s)]
                     reduce = [a for a in partial if a not in scatter]
+                    size = local_size(shape, cur, mesh) * item
+                    unreduced = (
+                        "reduce-scatter" if scatter else "all-reduce",
+                        tuple(scatter or reduce),
+                        size,
+                    )
                     if scatter:
-                        size = local_size(shape, cur, mesh) * item
                         colls.append(("reduce-scatter", tuple(scatter), size, None))
                         cur = tuple(
                             c + tuple(a for a in axes if a in scatter and a not in c)
@@ -348,9 +340,12 @@ class CostModel:
                         size = local_size(shape, cur, mesh) * item
                         colls.append(("all-reduce", tuple(reduce), size, None))
                 colls += [c + (None,) for c in reshard(shape, item, cur, s, mesh)]
-                nbytes += local_size(shape, want, mesh) * item
+                if stored[v]:
+                    nbytes += local_size(shape, want, mesh) * item
         flops = 0.0
-        if op.primitive not in _NO_FLOPS:
+        if all(v in free for v in op.outputs):
+            pass  # computed inside its readers' kernels, at their sharding: counted there
+        elif op.primitive not in _NO_FLOPS:
             local = [
                 rule.sizes[f] // (prop.size(fa[f]) if f in fa else 1)
                 for f in range(len(rule.sizes))
@@ -362,7 +357,7 @@ class CostModel:
                     (local_size(prop.shapes[v], tuple(join_axes(fs, fa, rule.sizes, mesh)
                                                        for fs in dims), mesh)
                      for v, dims in tensors), default=0))  # fmt: skip
-        return OpCost(flops, nbytes, tuple(colls))
+        return OpCost(flops, nbytes, tuple(colls), unreduced)
 
     def _link_cost(self, op, tensors, shardings) -> OpCost:
         (src, sdims), (dst, ddims) = tensors
@@ -402,6 +397,41 @@ class CostModel:
 
     def cost(self, state: State, *, detail: bool = True) -> Cost:
         """The cost of `state`; `detail=False` skips the per-collective sources."""
+        compute, comm, flops, by_kind, colls, comm_bytes, lb, extra = self._walk(state, detail)
+        return Cost(
+            step_time_s=compute + comm,
+            compute_s=compute,
+            comm_s=comm,
+            argument_bytes=int(lb[self.is_input].sum()),
+            peak_memory_bytes=liveness.peak(lb, self.liveness, extra)[1],
+            comm_bytes=int(comm_bytes),
+            flops=flops,
+            collectives=colls,
+            comm_s_by_kind=by_kind,
+            memory_limit=self.memory_limit,
+        )
+
+    def peak_buffers(self, state: State, top: int = 5) -> list[tuple[int, str]]:
+        """The `top` largest buffers live at the peak of `state`, as (bytes, what it is and
+        where the program makes it), largest first."""
+        *_, lb, extra = self._walk(state, False)
+        at, _ = liveness.peak(lb, self.liveness, extra)
+        prog = self.program
+        found = []
+        for v in liveness.live_at(lb, self.liveness, at)[:top]:
+            i = prog.producer[v]
+            what = prog.input_paths.get(v) or (
+                f"{prog.ops[i].primitive}{prog.ops[i].location}" if i is not None else f"value {v}"
+            )
+            found.append((int(lb[v]), f"{what} {prog.values[v].shape}"))
+        for start, stop, nbytes in extra:
+            if start <= at <= stop and nbytes > 0:
+                found.append((int(nbytes), "a resharded operand or an unreduced partial sum"))
+        return sorted(found, key=lambda f: -f[0])[:top]
+
+    def _walk(self, state: State, detail: bool):
+        """One pass over the ops: (compute s, comm s, flops, comm s by kind, collectives,
+        comm bytes, local bytes per value, extra buffers as (start, end, bytes))."""
         dev = self.device
         compute = comm = flops_total = 0.0
         by_kind = dict.fromkeys(KINDS, 0.0)
@@ -415,7 +445,12 @@ class CostModel:
         # op_cost inlined where the op's template needs no rebinding (most ops)
         kinds, all_vids, templates = self._kinds, self.prop.vids, self._templates
         sharding_of = state.shardings.get
+        live_ops, position = self._live_ops, self._position
+        buffers: dict[tuple, list] = {}  # reshard key -> [first position, last position, bytes]
+        partials: list[tuple[int, tuple, float, int]] = []  # (position, group, bytes, value)
         for i, (op, operands) in enumerate(zip(self.program.ops, self._operands)):
+            if not live_ops[i]:
+                continue
             c = templates.get((kinds[i], tuple(map(sharding_of, all_vids[i]))))
             if c is None or (c.collectives and _moves_operands(c)):
                 c = self.op_cost(i, state)
@@ -428,9 +463,16 @@ class CostModel:
             for kind, axes, nbytes, reuse in c.collectives:
                 after = True
                 if reuse is not None:
-                    if reuse in reused:
+                    buf = buffers.get(reuse)
+                    if buf is None:
+                        v, _, want = reuse
+                        size = local_size(self.prop.shapes[v], want, self.mesh)
+                        buffers[reuse] = [position[i], position[i], size * self._itemsize[v]]
+                    else:
+                        buf[1] = position[i]
+                    if (kind, reuse) in reused:
                         continue
-                    reused.add(reuse)
+                    reused.add((kind, reuse))
                 t = m * self.collective_time(kind, axes, nbytes)
                 group = (kind, axes, level, m)
                 if group in combined:  # independent of the first of its group: XLA fuses them
@@ -441,23 +483,32 @@ class CostModel:
                 comm_bytes += m * nbytes
                 if detail:
                     colls.append(Collective(kind, axes, int(nbytes), _source(op), m))
+            if c.partial is not None and op.outputs:
+                kind, axes, nbytes = c.partial
+                partials.append((position[i], (kind, axes, level, m), nbytes, op.outputs[0]))
             if after or level:
                 deepest = max(deepest, level + after)
                 for v in op.outputs:
                     depth[v] = level + after
-        args, peak = self.memory(state)
-        return Cost(
-            step_time_s=compute + comm,
-            compute_s=compute,
-            comm_s=comm,
-            argument_bytes=args,
-            peak_memory_bytes=peak,
-            comm_bytes=int(comm_bytes),
-            flops=flops_total,
-            collectives=colls,
-            comm_s_by_kind=by_kind,
-            memory_limit=self.memory_limit,
-        )
+        lb = self.local_bytes(state)
+        extra = [tuple(b) for b in buffers.values()]
+        extra += self._unreduced(partials, lb)
+        return compute, comm, flops_total, by_kind, colls, comm_bytes, lb, extra
+
+    def _unreduced(self, partials, lb: np.ndarray) -> list[tuple[int, int, float]]:
+        """Buffers of partial sums: each lives until the reduction of its group runs (XLA's
+        combiners fuse reductions that do not depend on each other into one, after the last
+        of them is ready), and its reduced result only from then on."""
+        ready: dict[tuple, int] = {}
+        for at, group, _, _ in partials:
+            ready[group] = max(ready.get(group, at), at)
+        extra = []
+        for at, group, nbytes, v in partials:
+            until = ready[group]
+            extra.append((at, until, nbytes))
+            if until > at and self._stored[v]:
+                extra.append((at, until - 1, -lb[v]))
+        return extra
 
 
 def _moves_operands(c: OpCost) -> bool:
@@ -474,28 +525,6 @@ def _source(op) -> str:
     if op.primitive == "_link":
         return f"{op.params['kind']} link (op {op.index})"
     return f"{op.primitive} (op {op.index}){where}"
-
-
-_MAY_BE_FREE = frozenset(("iota", "broadcast_in_dim", "convert_element_type", "copy"))
-
-
-def recomputable_values(program: Program) -> set[int]:
-    """Values any device can make in any sharding without communication: constants
-    broadcast from scalars, iotas, and pointwise ops of those (XLA rematerialises them
-    rather than moving them)."""
-    free: set[int] = set()
-    vals = program.values
-    for op in program.ops:
-        if op.primitive not in _MAY_BE_FREE:
-            continue
-        ins = [v for v in op.inputs if v is not None]
-        if (
-            op.primitive == "iota"
-            or (op.primitive == "broadcast_in_dim" and all(vals[v].rank == 0 for v in ins))
-            or (op.primitive in ("convert_element_type", "copy") and ins and ins[0] in free)
-        ):
-            free.update(op.outputs)
-    return free
 
 
 def local_size(shape, sharding: Sharding, mesh: Mapping[str, int]) -> int:

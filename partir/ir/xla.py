@@ -25,6 +25,11 @@ a ``collective-permute-start`` ``(operand, result, u32[], u32[])`` and a generic
 ``reduce-scatter-start`` ``((operands), result)``; the result is therefore taken from element 1
 of the tuple, and operand sizes from the printed operands.
 
+Memory: XLA:CPU's ``memory_analysis().peak_memory_in_bytes`` is arguments plus outputs only.
+The true peak comes from XLA's buffer assignment: :func:`compile_with_buffer_peak` compiles a
+``jax.stages.Lowered`` with per-compile dump options, and :func:`peak_from_buffer_assignment`
+reads the dumped assignment and live ranges (see :class:`BufferPeak`).
+
 ``multiplicity`` is how many times the collective runs per step: the product of the known trip
 counts of the ``while`` loops around it (summed over call sites if a computation had several;
 XLA's optimized HLO normally gives each computation one caller). A loop without a
@@ -36,8 +41,11 @@ from __future__ import annotations
 import logging
 import math
 import re
+import tempfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 _log = logging.getLogger(__name__)
@@ -99,6 +107,11 @@ class CompiledStats:
     peak_bytes: int
     flops: float | None
     notes: tuple[str, ...] = field(default=())  # e.g. while loops with unknown trip counts
+    # The peak of XLA's buffer assignment (BufferPeak.bytes); None when it could not be read.
+    true_peak_bytes: int | None = None
+    # `flops` with every while body counted once per iteration (XLA's cost analysis counts it
+    # once): flops + the extra iterations' flops as hlo_flops counts them. None if no flops.
+    step_flops: float | None = None
 
     @property
     def allocated_bytes(self) -> int:
@@ -535,6 +548,258 @@ def computation_multiplicities(text: str) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------------------------
+# FLOPs per step: XLA's cost analysis counts a while body once
+# --------------------------------------------------------------------------------------------
+
+# HloCostAnalysis counts these elementwise opcodes as transcendentals, not flops.
+_TRANSCENDENTAL = frozenset(
+    "exponential exponential-minus-one log log-plus-one logistic power sqrt cbrt rsqrt tanh "
+    "sine cosine tan atan2 erf".split()
+)
+# ... and these as one flop per element of the result.
+_ELEMENTWISE = frozenset(
+    "add subtract multiply divide maximum minimum negate abs sign compare select clamp and or "
+    "xor not convert floor ceil round-nearest-afz round-nearest-even remainder is-finite "
+    "shift-left shift-right-arithmetic shift-right-logical".split()
+)
+
+
+def _elements(shape: str) -> int:
+    n = 0
+    for _dtype, dims in _ARRAY_RE.findall(_COMMENT_RE.sub("", shape)):
+        k = 1
+        for d in dims.split(","):
+            d = d.strip().lstrip("<=").strip()
+            if d:
+                k *= int(d) if d.isdigit() else 0
+        n += k
+    return n
+
+
+def _dims(shape: str) -> list[int]:
+    m = _ARRAY_RE.search(shape)
+    if not m:
+        return []
+    return [int(d.strip().lstrip("<=")) for d in m.group(2).split(",") if d.strip()]
+
+
+def _instr_flops(ins: _Instr, shapes: dict[str, str]) -> float:
+    """Flops of one instruction as XLA's HloCostAnalysis counts them (dots: 2 per
+    multiply-add; elementwise arithmetic and reductions: 1 per element; convolutions,
+    transcendentals and data movement: 0 here)."""
+    op = ins.opcode
+    if op == "dot":
+        lhs = ins.operands[0][0] or shapes.get(ins.operands[0][1], "")
+        dims = _dims(lhs)
+        cm = re.search(r"lhs_contracting_dims=\{([\d,\s]*)\}", ins.attrs)
+        contracted = 1
+        for i in (int(x) for x in cm.group(1).split(",") if x.strip()) if cm else ():
+            contracted *= dims[i] if i < len(dims) else 1
+        return 2.0 * _elements(ins.shape) * contracted
+    if op in _ELEMENTWISE:
+        return float(_elements(ins.shape))
+    if op == "reduce":
+        n = len(ins.operands) // 2 or 1
+        src = sum(_elements(s or shapes.get(nm, "")) for s, nm in ins.operands[:n])
+        return float(max(src - _elements(ins.shape), 0))
+    return 0.0
+
+
+def hlo_flops(text: str) -> tuple[float, float]:
+    """``(once, per_step)``: the flops of an HLO module's instructions (see
+    :func:`_instr_flops`) with every computation counted once, and weighted by how many times
+    it runs per step (the known trip counts of the ``while`` loops around it). Reducer
+    computations (``to_apply`` of reduce, scatter, all-reduce) are covered by their caller."""
+    comps, _ = _parse_module(text)
+    mults, _, _ = _multiplicities(comps)
+    reducers: set[str] = set()
+    for comp in comps:
+        for ins in comp.instrs:
+            if ins.opcode != "call":
+                rm = re.search(r"(?:^|[\s,])to_apply=" + _NAME, ins.attrs)
+                if rm:
+                    reducers.add(rm.group(1))
+    once = per_step = 0.0
+    for comp in comps:
+        if comp.name in reducers:
+            continue
+        shapes = {ins.name: ins.shape for ins in comp.instrs}
+        f = sum(_instr_flops(ins, shapes) for ins in comp.instrs)
+        once += f
+        per_step += f * mults.get(comp.name, 1)
+    return once, per_step
+
+
+# --------------------------------------------------------------------------------------------
+# The true peak, from XLA's buffer assignment
+# --------------------------------------------------------------------------------------------
+
+# Per-compile options that make XLA write its buffer assignment and live ranges as text.
+_DUMP_OPTIONS = {"xla_dump_hlo_as_text": True}
+_ALLOCATION_RE = re.compile(r"^allocation (\d+): size (\d+)")
+_VALUE_RE = re.compile(
+    r"^\s*value: <\d+ ([^\s{>]+)(\{[\d,]*\})?(?: \(phi\))?(?: @\d+)?> "
+    r"\(size=(\d+),offset=(\d+)\)"
+)
+_RANGE_RE = re.compile(r"^\s*([^\s{]+)(\{[\d,]*\}):(\d+)-(\d+)\s*$")
+_MAX_RE = re.compile(r"HloLiveRange \(max (\d+)\)")
+
+
+@dataclass(frozen=True)
+class LiveBuffer:
+    name: str  # HLO value: instruction name and tuple index, e.g. ``dot.3{}``
+    bytes: int
+    op_name: str = ""  # the jaxpr equation it came from (HLO metadata), when known
+
+
+@dataclass(frozen=True)
+class BufferPeak:
+    """The most bytes one device holds at once, as XLA's buffer assignment places them.
+
+    The maximum, over the final schedule, of the bytes of the values live at that point (live
+    ranges include both ends). Values that XLA put in the same slot (same allocation and
+    offset: a while loop's carry, an in-place update, a donated argument and the output that
+    reuses it) are counted once, at their largest. Entry parameters are live throughout unless
+    donated; outputs from their definition to the end. XLA's own printed peak sizes tuple
+    elements as 8-byte pointers and leaves out loop-carried (phi) values; here every value is
+    counted at its own size. Scratch that a fusion keeps inside itself (XLA:CPU fuses chains
+    of matmuls and tanh into one library call) is no buffer and is not counted.
+    """
+
+    bytes: int
+    position: int  # index in the schedule where the peak is first reached
+    schedule_length: int
+    largest: tuple[LiveBuffer, ...]  # the largest slots live at the peak (one value each)
+
+
+def peak_from_buffer_assignment(
+    assignment: str, live_ranges: str, hlo: str = "", top: int = 8
+) -> BufferPeak:
+    """The peak of XLA's ``*-buffer-assignment.txt`` and ``*-live-range.txt`` dumps.
+
+    ``hlo``, the optimized module's text, if given names the jaxpr equation of each of the
+    ``top`` largest values live at the peak (from the ``op_name`` metadata).
+    """
+    slots: dict[str, tuple[int, int, int]] = {}  # value -> (allocation, offset, size)
+    alloc = -1
+    for line in assignment.splitlines():
+        am = _ALLOCATION_RE.match(line)
+        if am:
+            alloc = int(am.group(1))
+            continue
+        vm = _VALUE_RE.match(line)
+        if vm:
+            name = vm.group(1) + (vm.group(2) or "{}")
+            slots[name] = (alloc, int(vm.group(4)), int(vm.group(3)))
+    mm = _MAX_RE.search(live_ranges)
+    section = live_ranges.split("BufferLiveRange:", 1)[-1].split("Live ranges at", 1)[0]
+    ranges: list[tuple[str, int, int]] = []
+    for line in section.splitlines():
+        rm = _RANGE_RE.match(line)
+        if rm and rm.group(1) + rm.group(2) in slots:
+            ranges.append((rm.group(1) + rm.group(2), int(rm.group(3)), int(rm.group(4))))
+    length = int(mm.group(1)) if mm else max((e for _, _, e in ranges), default=-1) + 1
+    starts: dict[int, list[str]] = {}
+    ends: dict[int, list[str]] = {}
+    for name, s, e in ranges:
+        starts.setdefault(s, []).append(name)
+        ends.setdefault(e, []).append(name)
+    live: dict[tuple[int, int], Counter[int]] = {}
+    live_names: set[str] = set()
+    total, best, best_at, best_names = 0, 0, 0, frozenset()
+    for t in sorted(set(starts) | set(ends)):
+        for name in starts.get(t, ()):
+            a, o, size = slots[name]
+            sizes = live.setdefault((a, o), Counter())
+            before = max(sizes) if sizes else 0
+            sizes[size] += 1
+            total += max(sizes) - before
+            live_names.add(name)
+        if total > best:
+            best, best_at, best_names = total, t, frozenset(live_names)
+        for name in ends.get(t, ()):
+            a, o, size = slots[name]
+            sizes = live[(a, o)]
+            before = max(sizes)
+            sizes[size] -= 1
+            if not sizes[size]:
+                del sizes[size]
+            total -= before - (max(sizes) if sizes else 0)
+            live_names.discard(name)
+    start = {name: s for name, s, _ in ranges}
+    holder: dict[tuple[int, int], str] = {}  # per slot, its largest (then latest) value
+    for n in best_names:
+        key = slots[n][:2]
+        if key not in holder or (slots[n][2], start[n]) > (
+            slots[holder[key]][2],
+            start[holder[key]],
+        ):
+            holder[key] = n
+    chosen = sorted(holder.values(), key=lambda n: (-slots[n][2], n))[:top]
+    ops = _op_names(hlo, {n.split("{", 1)[0] for n in chosen}) if hlo else {}
+    largest = tuple(LiveBuffer(n, slots[n][2], ops.get(n.split("{", 1)[0], "")) for n in chosen)
+    return BufferPeak(best, best_at, length, largest)
+
+
+def _op_names(hlo: str, wanted: set[str]) -> dict[str, str]:
+    """``op_name`` metadata of the named instructions (parameters: their ``sharding`` origin
+    is not recorded, so they get the parameter's name)."""
+    out: dict[str, str] = {}
+    for line in hlo.splitlines():
+        im = _INSTR_RE.match(line)
+        if not im or im.group(2) not in wanted:
+            continue
+        om = re.search(r'op_name="([^"]*)"', line)
+        out[im.group(2)] = om.group(1) if om else im.group(2)
+    return out
+
+
+def read_buffer_peak(dump_dir: str | Path) -> BufferPeak | None:
+    """The :class:`BufferPeak` of the one module XLA dumped in ``dump_dir``, or None."""
+    d = Path(dump_dir)
+    found = sorted(d.glob("*after_optimizations-buffer-assignment.txt"))
+    if len(found) != 1:
+        _log.debug("expected one buffer assignment in %s, found %d", d, len(found))
+        return None
+    assignment = found[0]
+    stem = assignment.name[: -len("-buffer-assignment.txt")]
+    live = d / f"{stem}-live-range.txt"
+    hlo = d / f"{stem}.txt"
+    if not live.exists():
+        _log.debug("no live ranges beside %s", assignment)
+        return None
+    return peak_from_buffer_assignment(
+        assignment.read_text(), live.read_text(), hlo.read_text() if hlo.exists() else ""
+    )
+
+
+def compile_with_buffer_peak(lowered, compiler_options: dict | None = None):
+    """Compile a ``jax.stages.Lowered`` and read the peak of its buffer assignment.
+
+    Returns ``(compiled, peak)``; ``peak`` is a :class:`BufferPeak`, or None when XLA wrote no
+    buffer assignment (e.g. the executable came from JAX's persistent compilation cache). The
+    dump options are passed for this compile only and written to a temporary directory that
+    is removed afterwards. A ``Compiled`` holds no buffer assignment: pass the ``Lowered``.
+    """
+    with tempfile.TemporaryDirectory(prefix="partir-xla-") as tmp:
+        options = {**(compiler_options or {}), **_DUMP_OPTIONS, "xla_dump_to": tmp}
+        compiled = lowered.compile(compiler_options=options)
+        try:
+            peak = read_buffer_peak(tmp)
+        except (OSError, ValueError) as e:  # pragma: no cover - depends on XLA's dump format
+            _log.debug("could not read the buffer assignment: %s", e)
+            peak = None
+    return compiled, peak
+
+
+def true_peak_bytes(lowered) -> int | None:
+    """Per-device peak bytes of XLA's buffer assignment for a ``jax.stages.Lowered`` (it is
+    compiled here), or None when unavailable. See :class:`BufferPeak`."""
+    peak = compile_with_buffer_peak(lowered)[1]
+    return None if peak is None else peak.bytes
+
+
+# --------------------------------------------------------------------------------------------
 # Compiling
 # --------------------------------------------------------------------------------------------
 
@@ -556,9 +821,13 @@ def _abstract(x: Any, keep_sharding: bool):
     return jax.ShapeDtypeStruct(a.shape, jax.dtypes.canonicalize_dtype(a.dtype), weak_type=True)
 
 
-def stats_of_compiled(compiled) -> CompiledStats:
-    """Collectives, per-device memory and flops of a ``jax.stages.Compiled``."""
-    collectives, notes = _parse_collectives(optimized_hlo_text(compiled))
+def stats_of_compiled(compiled, buffer_peak: BufferPeak | None = None) -> CompiledStats:
+    """Collectives, per-device memory and flops of a ``jax.stages.Compiled``.
+
+    ``buffer_peak`` (from :func:`compile_with_buffer_peak`) fills ``true_peak_bytes``.
+    """
+    text = optimized_hlo_text(compiled)
+    collectives, notes = _parse_collectives(text)
     mem = compiled.memory_analysis()
 
     def m(attr: str) -> int:
@@ -573,6 +842,10 @@ def stats_of_compiled(compiled) -> CompiledStats:
             flops = float(cost["flops"])
     except Exception as e:  # pragma: no cover - backend dependent
         _log.debug("cost_analysis failed: %s", e)
+    step_flops = None
+    if flops is not None:
+        once, per_step = hlo_flops(text)
+        step_flops = flops + (per_step - once)
     return CompiledStats(
         collectives=collectives,
         argument_bytes=m("argument_size_in_bytes"),
@@ -582,6 +855,8 @@ def stats_of_compiled(compiled) -> CompiledStats:
         peak_bytes=m("peak_memory_in_bytes"),
         flops=flops,
         notes=tuple(notes),
+        true_peak_bytes=None if buffer_peak is None else buffer_peak.bytes,
+        step_flops=step_flops,
     )
 
 
@@ -619,21 +894,29 @@ def compile_stats(
         kwargs["out_shardings"] = out_shardings
     ctx = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
     with ctx:
-        compiled = jax.jit(fn, **kwargs).lower(*abstract).compile()
-    return stats_of_compiled(compiled)
+        lowered = jax.jit(fn, **kwargs).lower(*abstract)
+    compiled, peak = compile_with_buffer_peak(lowered)
+    return stats_of_compiled(compiled, peak)
 
 
 __all__ = [
     "CPU_LOWERING",
     "CPU_PROMOTED_TYPES",
     "KINDS",
+    "BufferPeak",
     "CompiledStats",
     "HloCollective",
+    "LiveBuffer",
     "as_cpu_kinds",
     "collectives_from_hlo",
     "compile_stats",
+    "compile_with_buffer_peak",
+    "hlo_flops",
     "computation_multiplicities",
     "optimized_hlo_text",
+    "peak_from_buffer_assignment",
+    "read_buffer_peak",
     "shape_bytes",
     "stats_of_compiled",
+    "true_peak_bytes",
 ]

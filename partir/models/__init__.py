@@ -7,9 +7,16 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from partir.models import gns, gpt, mlp, moe, unet
+from partir.models import gns, gpt, llama, mlp, moe, unet
 
-MODELS: dict[str, ModuleType] = {"mlp": mlp, "gpt": gpt, "gns": gns, "unet": unet, "moe": moe}
+MODELS: dict[str, ModuleType] = {
+    "mlp": mlp,
+    "gpt": gpt,
+    "gns": gns,
+    "unet": unet,
+    "moe": moe,
+    "llama": llama,
+}
 
 
 def get(name: str) -> ModuleType:
@@ -20,4 +27,4 @@ def get(name: str) -> ModuleType:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
 
 
-__all__ = ["MODELS", "get", "gns", "gpt", "mlp", "moe", "unet"]
+__all__ = ["MODELS", "get", "gns", "gpt", "llama", "mlp", "moe", "unet"]

@@ -34,7 +34,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from partir.ir.constraints import CONSTRAINT_PRIMITIVES
-from partir.ir.cost import recomputable_values
+from partir.ir.liveness import free_values
 from partir.ir.program import INLINED_CALLS, _open, scan_counts
 from partir.ir.specs import PlanError, to_spec
 
@@ -73,7 +73,7 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
     in_shardings = jax.tree_util.tree_unflatten(prog.in_tree, in_flat)
     out_shardings = jax.tree_util.tree_unflatten(prog.out_tree, out_flat)
     value_spec: Callable[[int], PartitionSpec] = lambda v: to_spec(plan.value_sharding(v))  # noqa: E731
-    free = frozenset(recomputable_values(prog))
+    free = frozenset(free_values(prog))
     operand_specs = _operand_specs(plan, free) if constrain else None
 
     def fn(*args):

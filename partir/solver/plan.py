@@ -73,10 +73,22 @@ class Plan:
         return self.goal.propagator.sharding(self.state, vid)
 
     def jit(self, mesh=None, *, donate: bool = False, constrain: bool = True):
-        """A `jax.jit` of the goal's program with this plan's shardings (see solver.jit)."""
+        """A `jax.jit` of the goal's program with this plan's shardings (see solver.jit),
+        on `mesh`, else the goal's `jax.sharding.Mesh`, else a mesh of jax.devices()."""
         from partir.solver.jit import plan_jit
+        from partir.solver.spec_tree import plan_mesh
 
+        if mesh is not None or (self.goal is not None and self.goal.jax_mesh is not None):
+            mesh = plan_mesh(self, mesh)
         return plan_jit(self, mesh, donate=donate, constrain=constrain)
+
+    def shardings(self, mesh=None):
+        """`(in_shardings, out_shardings)`: pytrees of `NamedSharding` shaped like the
+        program's args and outputs, for `jax.jit(fn, in_shardings=..., out_shardings=...)`
+        (on `mesh`, else the goal's Mesh, else a mesh of jax.devices())."""
+        from partir.solver.spec_tree import named_shardings
+
+        return named_shardings(self, mesh)
 
     def to_rules(self) -> list[tuple[str, PartitionSpec]]:
         """An ordered partition-rule list, as hand-written Flax/T5X rules read; the first
@@ -369,18 +381,24 @@ def input_decisions(
 Specs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
 
-def make_plan(goal: Goal, specs: Specs, *, strict: bool = True) -> Plan:
+def make_plan(goal: Goal, specs: Specs | Any, *, strict: bool = True) -> Plan:
     """The plan that shards the inputs as `specs` says (unmatched inputs replicated) and
     lets propagation decide everything inside the program.
 
-    `specs` is one {path or glob: PartitionSpec} dict, or a list of them applied in order
+    `specs` is an args-shaped pytree of `PartitionSpec` / `NamedSharding` / None (None:
+    replicated), or a prefix of one, as `jax.jit`'s in_shardings; or one
+    {path or glob: PartitionSpec} dict, or a list of them applied in order
     (a schedule: `[batch_rules, megatron_rules, zero_rules]`); for a path that several
     dicts match, the later dicts add their axes to the earlier ones' dims. With `strict`,
     a rule that matches no input is an error (rule lists written for a model family, like
     the expert plans, pass `strict=False`), and so is tiling an input on an axis that a
     `replicate` statement of the goal keeps it whole on (without `strict`, those tilings
     are left out: an expert plan then honours the goal's replicate statements)."""
+    from partir.solver.spec_tree import looks_like_tree, rules_of_tree
+
     prog, prop = goal.program, goal.propagator
+    if looks_like_tree(specs, goal.args):
+        specs = rules_of_tree(goal, specs)
     stages = [specs] if isinstance(specs, Mapping) else list(specs)
     decisions = []
     for k, stage in enumerate(stages):
@@ -403,6 +421,7 @@ def make_plan(goal: Goal, specs: Specs, *, strict: bool = True) -> Plan:
         return Plan(goal, state, goal.cost_model.cost(state))
 
 
-def evaluate(goal: Goal, specs: Mapping[str, Any]) -> Cost:
-    """The cost of sharding the inputs as `specs` says; the same as `plan(...).cost`."""
+def evaluate(goal: Goal, specs: Specs | Any) -> Cost:
+    """The cost of sharding the inputs as `specs` says (any form `make_plan` takes); the
+    same as `plan(...).cost`."""
     return make_plan(goal, specs).cost

@@ -19,17 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-
-from ortools.sat.python import cp_model
+from typing import TYPE_CHECKING
 
 from partir.goal import Goal
 from partir.ir.cost import Cost, fmt_bytes
 from partir.ir.propagate import State
 from partir.strategies.compile import AxisProblem, schedule_axes
 
+if TYPE_CHECKING:  # ortools is imported when pruning runs (about 0.4 s), not with partir
+    from ortools.sat.python import cp_model
+
 
 class InfeasibleMemory(ValueError):
-    """No assignment of the schedule fits the memory limit."""
+    """No assignment of the schedule fits the memory limit; `smallest_bytes` is the least
+    per-device memory any assignment needs (estimate), `limit_bytes` the limit."""
+
+    smallest_bytes: int | None = None
+    limit_bytes: int | None = None
+    axis: str | None = None
 
 
 @dataclasses.dataclass
@@ -55,6 +62,8 @@ def prune_actions(
     limit = goal.memory_limit
     if limit is None or not problem.actions:
         return Pruned(list(problem.actions), [], 0)
+    from ortools.sat.python import cp_model
+
     model_ = goal.cost_model
     axes = schedule_axes(goal)
     later = axes[axes.index(problem.axis) + 1 :]
@@ -87,17 +96,22 @@ def prune_actions(
     m.add(sum(terms) <= budget)
     smallest = fixed + activations + sum(sum(local[v] for v in g) / rest / n for g in groups)
     if not _feasible(m):
-        raise InfeasibleMemory(
-            f"the smallest possible per-device memory is {fmt_bytes(smallest)}; the limit is "
-            f"{fmt_bytes(limit)} (arguments tiled on every axis of the schedule, activations "
-            "estimated); raise the limit, add mesh axes, or add zero/fsdp to the schedule"
+        err = InfeasibleMemory(
+            f"every plan of this schedule needs at least {fmt_bytes(smallest)} per device; the "
+            f"limit is {fmt_bytes(limit)} (a lower bound: arguments tiled on every axis of the "
+            "schedule, the activations of the cost model divided by every axis); raise the "
+            "limit, add mesh axes, or add zero/fsdp to the schedule"
         )
+        err.smallest_bytes, err.limit_bytes, err.axis = int(smallest), int(limit), problem.axis
+        raise err
     kept = [a for i, a in enumerate(problem.actions) if _feasible(m, [choice[i]])]
     must = [g for g in groups if not _feasible(m, [whole[g]])]
     return Pruned(kept, must, len(problem.actions) - len(kept))
 
 
 def _feasible(m: cp_model.CpModel, assume: list | None = None) -> bool:
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = 5.0
     solver.parameters.num_workers = 1

@@ -28,6 +28,7 @@ MEGATRON = {
     "**/attn/v": P(None, "{m}"),
     "**/attn/o": P("{m}"),
     "**/mlp/w_in": P(None, "{m}"),
+    "**/mlp/w_gate": P(None, "{m}"),  # SwiGLU's gate (llama): column-parallel like w_in
     "**/mlp/b_in": P("{m}"),
     "**/mlp/w_out": P("{m}"),
 }

@@ -1,0 +1,203 @@
+"""Which values XLA keeps in memory, and from when to when: the static half of the memory model.
+
+XLA never stores every value of a program. What it does, and what this module models:
+
+- Free values: constants broadcast from scalars, iotas, and layout or pointwise ops of only
+  those (a causal mask, the `finfo.min` fill beside it, `zeros_like`). XLA fuses them into their
+  readers and never materialises them; any device makes them in any sharding.
+- Dead code: a value no op reads and the program does not return, and the ops that only feed
+  such values. XLA removes them.
+- Fusion: a pointwise or layout op whose result is read only by pointwise, layout or
+  reduction ops runs inside their kernels (XLA's loop and input fusions): with one reader
+  always, with several only if it is cheap to compute again in each (not a transcendental or
+  a division, which XLA keeps in a buffer). Its result is no buffer, and its operands are
+  read where the last fused kernel runs. Matmul and convolution operands are materialised (as
+  XLA:CPU's library calls need).
+- Loops: a loop's stacked inputs and constants live until the body's last use of them; its
+  stacked outputs (a scan's residuals) live from the iteration that first writes them.
+
+The state-dependent half (resharded operands, partial sums waiting for their combined
+reduction) is added by `CostModel.cost` as extra intervals; `peak` takes both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from partir.ir.program import Program
+from partir.ir.rules import POINTWISE
+
+LAYOUT = frozenset((
+    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "rev", "slice", "iota",
+    "convert_element_type", "copy", "copy_p",
+))  # fmt: skip
+_NOT_FUSED = frozenset(("sharding_constraint", "reshard", "mesh_cast", "optimization_barrier"))
+# ops whose one result XLA computes inside its reader's kernel
+FUSIBLE = (frozenset(POINTWISE) | LAYOUT) - _NOT_FUSED
+# ops that take fused producers as their inputs (loop and input fusion)
+FUSES_INPUTS = FUSIBLE | frozenset((
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+    "argmax", "argmin",
+))  # fmt: skip
+# pointwise ops XLA does not duplicate into several readers (transcendentals, division)
+EXPENSIVE = frozenset((
+    "exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "div", "rem", "pow", "sqrt",
+    "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2", "lgamma", "digamma",
+    "integer_pow",
+))  # fmt: skip
+# link kinds whose outer value the loop body reads on every iteration
+_READ_IN_BODY = frozenset(("const", "xs", "operand"))
+
+
+def free_values(program: Program) -> set[int]:
+    """Values any device can make in any sharding without communication or memory: constants
+    broadcast from scalars, iotas, and layout or pointwise ops of only those."""
+    free: set[int] = set()
+    vals = program.values
+    for op in program.ops:
+        if op.primitive not in FUSIBLE or not op.outputs:
+            continue
+        ins = [v for v in op.inputs if v is not None]
+        if op.primitive == "iota":
+            free.update(op.outputs)
+        elif op.primitive == "broadcast_in_dim":
+            if all(vals[v].rank == 0 or v in free for v in ins):
+                free.update(op.outputs)
+        elif all(v in free for v in ins):  # literals only, or free values only
+            free.update(op.outputs)
+    return free
+
+
+@dataclasses.dataclass
+class Liveness:
+    """Per value: whether it is a buffer and its live range in op positions; per op: whether
+    it runs, and the position of the kernel it runs in (its own, or its fused reader's)."""
+
+    stored: np.ndarray  # bool per value
+    birth: np.ndarray  # int per value
+    death: np.ndarray  # int per value
+    live_ops: np.ndarray  # bool per op
+    position: np.ndarray  # int per op
+    free: set[int]
+    fused: set[int]
+    end: int
+
+
+def analyse(program: Program, operands: Sequence[Sequence[int]], *, donate: bool) -> Liveness:
+    """The liveness of `program`'s values; `operands`: per op, the value ids it reads."""
+    ops, values = program.ops, program.values
+    n, end = len(values), len(ops)
+    free = free_values(program)
+    is_output = np.zeros(n, dtype=bool)
+    is_output[list(program.outputs.values())] = True
+    is_input = np.zeros(n, dtype=bool)
+    is_input[list(program.inputs.values())] = True
+
+    # dead code, backwards from the outputs (loop links keep both their sides)
+    live = is_output.copy()
+    live_ops = np.zeros(end, dtype=bool)
+    for i in range(end - 1, -1, -1):
+        op = ops[i]
+        if op.primitive == "_link" or any(live[v] for v in op.outputs):
+            live_ops[i] = True
+            live[list(operands[i])] = True
+
+    readers: list[list[int]] = [[] for _ in values]
+    for i, ins in enumerate(operands):
+        if live_ops[i]:
+            for v in dict.fromkeys(ins):
+                readers[v].append(i)
+
+    # fusion, backwards: an op whose one result is fused runs where its reader runs
+    position = np.arange(end, dtype=np.int64)
+    fused: set[int] = set()
+    for i in range(end - 1, -1, -1):
+        op = ops[i]
+        if len(op.outputs) != 1 or op.primitive not in FUSIBLE:
+            continue
+        (v,) = op.outputs
+        rs = readers[v]
+        if v in free or is_output[v] or not rs or len(rs) > 1 and op.primitive in EXPENSIVE:
+            continue
+        if all(ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity
+               for r in rs):  # fmt: skip
+            fused.add(v)
+            position[i] = max(position[r] for r in rs)
+
+    stored = live.copy()
+    stored[list(free | fused)] = False
+    stored |= is_input
+
+    birth, death = _ranges(program, operands, live_ops, position, end)
+    donated = set(program.carried.values()) if donate else set()
+    for path, v in program.inputs.items():
+        birth[v] = 0
+        if path not in donated:
+            death[v] = end
+    death[is_output] = end
+    _extend_over_loops(program, birth, death)
+    birth = np.maximum(birth, 0)
+    death = np.maximum(death, birth)
+    return Liveness(stored, birth, death, live_ops, position, free, fused, end)
+
+
+def _ranges(program, operands, live_ops, position, end) -> tuple[np.ndarray, np.ndarray]:
+    """Each value from the kernel that makes it (values only read: from their first reader)
+    to its last reader, in kernel positions."""
+    n = len(program.values)
+    ops = [i for i in range(end) if live_ops[i]]
+    reads = [operands[i] for i in ops]
+    made = [program.ops[i].outputs for i in ops]
+    pos = position[ops] if ops else np.zeros(0, dtype=np.int64)
+    read_v = np.fromiter(itertools.chain.from_iterable(reads), np.int64)
+    read_at = np.repeat(pos, np.fromiter(map(len, reads), np.int64, count=len(ops)))
+    made_v = np.fromiter(itertools.chain.from_iterable(made), np.int64)
+    made_at = np.repeat(pos, np.fromiter(map(len, made), np.int64, count=len(ops)))
+    birth = np.full(n, end + 1, dtype=np.int64)
+    np.minimum.at(birth, read_v, read_at)
+    np.minimum.at(birth, made_v, made_at)
+    birth[birth > end] = -1
+    death = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(death, read_v, read_at)
+    np.maximum.at(death, made_v, made_at)
+    return birth, death
+
+
+def _extend_over_loops(program: Program, birth: np.ndarray, death: np.ndarray) -> None:
+    """A loop's constants and stacked inputs live while its body reads them; its stacked
+    outputs from the body's first write. Inner loops first (their links come later)."""
+    for op in reversed(program.ops):
+        if op.primitive != "_link":
+            continue
+        src, dst = op.inputs
+        kind = op.params["kind"]
+        if kind in _READ_IN_BODY:
+            death[src] = max(death[src], death[dst])
+        elif kind == "ys" and birth[dst] >= 0:  # src: the stacked result, dst: one iteration's
+            birth[src] = min(birth[src], birth[dst]) if birth[src] >= 0 else birth[dst]
+
+
+def peak(
+    nbytes: np.ndarray, lv: Liveness, extra: Iterable[tuple[int, int, float]] = ()
+) -> tuple[int, int]:
+    """(position, bytes) of the largest total of live buffers: `nbytes` per value (zero for
+    values that are no buffer), plus `extra` (start, end, bytes) intervals, ends inclusive."""
+    diff = np.zeros(lv.end + 2)
+    np.add.at(diff, lv.birth, nbytes)
+    np.add.at(diff, lv.death + 1, -nbytes)
+    for start, stop, b in extra:
+        diff[start] += b
+        diff[stop + 1] -= b
+    live = np.cumsum(diff)
+    at = int(live.argmax())
+    return at, int(live[at])
+
+
+def live_at(nbytes: np.ndarray, lv: Liveness, at: int) -> list[int]:
+    """The values whose buffers are live at position `at`, largest first."""
+    ids = np.nonzero((lv.birth <= at) & (lv.death >= at) & (nbytes > 0))[0]
+    return [int(v) for v in ids[np.argsort(-nbytes[ids], kind="stable")]]
