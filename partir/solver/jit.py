@@ -11,8 +11,8 @@ calls are re-bound around their replayed bodies with their own policy and deriva
 so XLA still rematerialises and JAX still differentiates by the user's rules. A shard_map
 is re-bound on the plan's mesh with its own in/out specs, its body as written.
 
-Values made from constants alone (`partir.ir.cost.recomputable_values`: scalar
-broadcasts, iotas and what it derives from them) are not constrained, as outputs or as
+Values made from constants alone (`partir.ir.liveness.free_values`: scalar broadcasts,
+iotas and the pointwise and layout ops of those) are not constrained, as outputs or as
 operands: XLA fuses them into their readers, in whatever sharding those read; a
 constraint could make it keep one as a buffer.
 
