@@ -8,7 +8,13 @@ constrained to the sharding the equation runs in, as the cost model priced it. L
 rebuilt with `lax.scan`, `lax.while_loop` and `lax.switch` around replayed bodies, so
 their insides are constrained too. Checkpoint regions (`remat2`) and custom_jvp / custom_vjp
 calls are re-bound around their replayed bodies with their own policy and derivative rules,
-so XLA still rematerialises and JAX still differentiates by the user's rules.
+so XLA still rematerialises and JAX still differentiates by the user's rules. A shard_map
+is re-bound on the plan's mesh with its own in/out specs, its body as written.
+
+Values made from constants alone (`partir.ir.liveness.free_values`: scalar broadcasts,
+iotas and the pointwise and layout ops of those) are not constrained, as outputs or as
+operands: XLA fuses them into their readers, in whatever sharding those read; a
+constraint could make it keep one as a buffer.
 
 The user's own sharding constraints (`sharding_constraint`, `reshard`) are not replayed:
 they name the user's mesh, not partir's. partir's sharding of the constrained value takes
@@ -30,7 +36,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from partir.ir.constraints import CONSTRAINT_PRIMITIVES
 from partir.ir.liveness import free_values
 from partir.ir.program import INLINED_CALLS, _open, scan_counts
-from partir.ir.specs import to_spec
+from partir.ir.specs import PlanError, to_spec
 
 
 def make_mesh(axes: dict[str, int], devices: Sequence[Any] | None = None) -> Mesh:
@@ -123,7 +129,8 @@ class _Replay:
     """Runs a jaxpr equation by equation, constraining outputs to the plan's shardings:
     every equation's with `constrain_all`, else only the user's honoured constraints.
     `operand_specs` (see `_operand_specs`) also constrains operands that the plan
-    reshards, to the sharding the equation runs in."""
+    reshards, to the sharding the equation runs in. Values in `free` are left to XLA,
+    unless the user constrained them."""
 
     def __init__(
         self,
@@ -300,13 +307,12 @@ def _bind_params(primitive, params: dict) -> tuple[tuple, dict]:
 
 
 def _shard_map_mesh(theirs: Any, ours: Mesh) -> Mesh:
-    """The plan's mesh for a shard_map written on `theirs`: every axis it names must be
-    one of the plan mesh's, of the same size (its body was traced for those local shapes)."""
-    have = dict(ours.shape)
-    wrong = {a: n for a, n in dict(theirs.shape).items() if have.get(a) != n}
-    if wrong:
-        raise ValueError(
-            f"a shard_map in the program runs on mesh axes {wrong}, which the goal mesh "
-            f"{have} lacks or sizes otherwise; give the goal mesh those axes and sizes"
+    """The plan's mesh for a shard_map written on `theirs`: its body was traced for that
+    mesh's axes (names, sizes and order), so the plan's mesh must have the same."""
+    want, have = dict(theirs.shape), dict(ours.shape)
+    if list(want.items()) != list(have.items()):
+        raise PlanError(
+            f"a shard_map in the program runs on the mesh {want}, but the goal mesh is "
+            f"{have}; write the goal mesh as {want} (the same axes, sizes and order)"
         )
     return ours
