@@ -222,8 +222,11 @@ def cmd_check(args) -> int:
     prog = goal.program
     for note in goal.notes:
         console.print(note)
+    mesh = goal.mesh
+    if goal.open_axes:
+        mesh = f"{ {a: '?' if s is None else s for a, s in goal.mesh.items()} } over {goal.devices}"
     console.print(
-        f"{args.goal}: ok: {len(prog.inputs)} inputs, {len(prog.ops)} ops, mesh {goal.mesh}, "
+        f"{args.goal}: ok: {len(prog.inputs)} inputs, {len(prog.ops)} ops, mesh {mesh}, "
         f"device {goal.device.name}, {len(prog.carried)} carried state values"
     )
     return EXIT_OK

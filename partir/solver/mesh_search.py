@@ -131,7 +131,7 @@ def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tupl
     from partir.solver.proxy import extrapolate, make_proxy
     from partir.solver.prune import InfeasibleMemory
     from partir.solver.search import solve
-    from partir.solver.spec_tree import _escape
+    from partir.solver.spec_tree import escape_path
 
     proxy, _ = make_proxy(with_mesh(goal, mesh, search)) if search.proxy else (None, "")
     if proxy is None:
@@ -142,7 +142,7 @@ def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tupl
     one, two = proxy.shallow
     try:
         p2 = solve(two, progress=progress, baselines=False)
-        specs = {_escape(p): to_spec(s) for p, s in p2.in_shardings.items()}
+        specs = {escape_path(p): to_spec(s) for p, s in p2.in_shardings.items()}
         p1 = make_plan(one, specs, strict=False)
     except (PlanError, InfeasibleMemory) as e:
         row.update(error=str(e).splitlines()[0], seconds=time.perf_counter() - t)

@@ -107,7 +107,7 @@ def _display(keys: tuple, names: Sequence[str]) -> str:
     return path_str(head, keys[1:]) or head
 
 
-def _escape(path: str) -> str:
+def escape_path(path: str) -> str:
     """`path` as a glob that matches only itself."""
     return "/".join("".join(f"[{c}]" if c in "*?[" else c for c in e) for e in path.split("/"))
 
@@ -132,7 +132,7 @@ def rules_of_tree(goal: Any, specs: Any) -> dict[str, PartitionSpec]:
                 raise PlanError(
                     f"{path}: {spec} has {len(spec)} entries for a value of rank {rank}"
                 )
-            rules[_escape(path)] = spec
+            rules[escape_path(path)] = spec
         k += n
     if k != len(paths):  # a pytree node JAX flattens differently from the program's trace
         raise PlanError(
