@@ -13,7 +13,7 @@ from partir.goal import Goal, Search
 from partir.ir.devices import CATALOG as DEVICES
 from partir.ir.specs import glob_match
 from partir.testing import _programs
-from partir.testing.strategies.goals import SEARCHED, compatible, strategy_named
+from partir.testing.strategies.goals import SEARCHED, Manual, compatible, strategy_named
 from partir.testing.strategies.meshes import meshes
 from partir.testing.strategies.specs import input_shapes
 
@@ -201,12 +201,22 @@ def goal_files(draw) -> GoalFile:
         gf.memory_le = draw(st.booleans())
     if draw(st.booleans()):
         gf.objective = draw(st.sampled_from(("time", "memory", "comm")))
+    shapes = gf.shapes()
+    data = [p for p in shapes if p.startswith("batch/")]  # what batch(inputs="batch/*") names
+    split = 1  # how many ways the batch axes so far split the batch
+    batch_axes = []
     for axis in draw(st.permutations(sorted(mesh)))[: draw(st.integers(0, len(mesh)))]:
         names = draw(
             st.lists(st.sampled_from((*SEARCHED, "expert")), max_size=3, unique=True).filter(
                 compatible
             )
         )
+        if {"batch", "fsdp"} & set(names):
+            if shapes[data[0]][0] % (split * mesh[axis]):  # it would tile nothing: an error
+                names = [n for n in names if n not in ("batch", "fsdp")]
+            else:
+                split *= mesh[axis]
+                batch_axes.append(axis)
         strategies = []
         for name in names:
             kw: dict[str, str] = {}
@@ -216,18 +226,20 @@ def goal_files(draw) -> GoalFile:
                 kw["inputs"] = '"batch/*"'
             strategies.append((name, kw))
         gf.blocks.append((axis, strategies))
-    shapes = gf.shapes()
+    manual = Manual(mesh, shapes, data, batch_axes)
     for _ in range(draw(st.integers(0, 3))):
         path = draw(
             st.sampled_from(sorted(shapes) + ["params/**/scale", "params/layers/*/mlp/w_in"])
         )
-        matched = [shapes[p] for p in shapes if _glob(path, p)]
+        matched = [p for p in shapes if _glob(path, p)]
         axis = draw(st.sampled_from(sorted(mesh)))
-        rank = min(len(s) for s in matched)
-        dims = [d for d in range(rank) if all(s[d] % mesh[axis] == 0 for s in matched)]
+        dims = manual.tile_dims(matched, axis)
         if dims and draw(st.booleans()):
-            gf.manual.append(("tile", path, draw(st.sampled_from(dims)), axis))
-        else:
+            dim = draw(st.sampled_from(dims))
+            manual.tile(matched, dim, axis)
+            gf.manual.append(("tile", path, dim, axis))
+        elif manual.can_replicate(matched, axis):
+            manual.replicate(matched, axis)
             gf.manual.append(("replicate", path, axis))
     if draw(st.booleans()):
         gf.search = []
