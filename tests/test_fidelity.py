@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from partir.bench import _three_d_experts
 from partir.goal import Goal
 from partir.ir.xla import as_cpu_kinds
 from partir.models import gpt
@@ -152,7 +151,7 @@ def test_gradient_reduced_over_two_axes_scatters_first(model):
     # (gpt) of XLA. gpt's all-reduce is still 1.13x, and XLA adds 8 KiB of collective-permute
     # (its CPU lowering of a 2-device reduce-scatter); the total is held.
     goal = goal_for(model, {"data": 2, "fsdp": 2, "tensor": 2})
-    plan = make_plan(goal, _three_d_experts(goal)["BP+FSDP+MP"]())
+    plan = make_plan(goal, expert_schedules(goal)["BP+FSDP+MP"]())
     report = verify(goal, plan)
     predicted, compiled = sum(report.predicted.values()), sum(report.compiled.values())
     assert predicted == pytest.approx(compiled, rel=0.05), report
