@@ -228,14 +228,14 @@ def test_drawn_goal_texts_solve(text_and_goal):
 
 
 @pytest.mark.slow
-@settings(max_examples=1000, derandomize=False)
+@settings(max_examples=1000)
 @given(goals())
 def test_a_thousand_drawn_goals_solve(goal):
     _solves(goal)
 
 
 @pytest.mark.slow
-@settings(max_examples=1000, derandomize=False)
+@settings(max_examples=1000)
 @given(goal_texts())
 def test_a_thousand_drawn_goal_texts_solve(text_and_goal):
     _solves(text_and_goal[1])
