@@ -60,15 +60,16 @@ def _names(model, mesh):
     return list(expert_schedules(goal))
 
 
-# Over 5 s each on 2 cores (XLA compiles of unet and moe mostly): run with -m slow. One
-# plan of each model stays in the default run.
+# The slowest plans, 4-20 s each on 2 cores (XLA compiles of unet and moe mostly): run with
+# -m slow. One plan of each model and mesh rank stays in the default run.
 SLOW = {
     ("unet", "1d", "BP"), ("unet", "1d", "Z2"), ("unet", "1d", "Z3"),
     ("unet", "2d", "BP"), ("unet", "2d", "FSDP"),
     ("moe", "1d", "BP"), ("moe", "1d", "Z1"), ("moe", "1d", "Z3"), ("moe", "1d", "EP"),
     ("moe", "2d", "BP"), ("moe", "2d", "BP+EMB"), ("moe", "2d", "BP+MP"),
     ("moe", "2d", "BP+MP+Z3"), ("moe", "2d", "EP"), ("moe", "2d", "FSDP"), ("moe", "2d", "MP"),
-    ("gpt", "2d", "BP+MP+Z3"), ("gns", "1d", "EDGE"), ("gns", "1d", "EDGE+Z3"),
+    ("gpt", "1d", "Z2"), ("gpt", "1d", "Z3"), ("gpt", "2d", "BP+MP+Z3"),
+    ("gns", "1d", "EDGE"), ("gns", "1d", "EDGE+Z3"), ("gns", "2d", "EDGE+Z3"),
 }  # fmt: skip
 
 

@@ -158,6 +158,7 @@ NNX_MEGATRON = {  # hand-written, as in a Flax/T5X rule list
 }
 
 
+@pytest.mark.slow
 def test_nnx_rules_fold_layers_and_moments_and_narrow_where_they_disagree():
     fn, args = nnx_step()
     goal = goal_for(step_with_model_named_state(fn), args)
