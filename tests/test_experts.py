@@ -61,7 +61,7 @@ def _names(model, mesh):
 
 
 # The slowest plans, 4-20 s each on 2 cores (XLA compiles of unet and moe mostly): run with
-# -m slow. One plan of each model and mesh rank stays in the default run.
+# -m slow. At least one plan of each model stays in the default run.
 SLOW = {
     ("unet", "1d", "BP"), ("unet", "1d", "Z2"), ("unet", "1d", "Z3"),
     ("unet", "2d", "BP"), ("unet", "2d", "FSDP"),
