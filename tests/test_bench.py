@@ -4,6 +4,7 @@ scaling at 1 and 2 layers, pruning on and off, the tables, the report and the JS
 import io
 import json
 
+import partir
 from partir import bench
 
 TINY_GPT = {"d_model": 32, "heads": 4, "seq": 16, "batch": 8, "vocab": 64}
@@ -12,7 +13,7 @@ TINY_GPT = {"d_model": 32, "heads": 4, "seq": 16, "batch": 8, "vocab": 64}
 def test_bench_runs_in_tiny_form(tmp_path):
     c = bench.case("mlp", "tiny", bench.MESH_2D_SMALL)
     result = bench.run([c], scaling=[1, 2], scaling_size=TINY_GPT, pruning=[c])
-    json.dumps(result, default=bench._json_default)  # one JSON-able object
+    json.dumps(result, default=bench.json_default)  # one JSON-able object
 
     (r,) = result["cases"]
     assert "error" not in r, r.get("error")
@@ -51,11 +52,31 @@ def test_bench_runs_in_tiny_form(tmp_path):
 def test_main_writes_report_and_json(tmp_path, monkeypatch, capsys):
     small = {"cases": [bench.case("mlp", "tiny", bench.MESH_1D)], "scaling": [],
              "pruning": []}  # fmt: skip
-    real_run = bench.run
-    monkeypatch.setattr(bench, "run", lambda **kw: real_run(**{**kw, **small}))
+    real_run = bench.suite.run
+    monkeypatch.setattr(bench.suite, "run", lambda **kw: real_run(**{**kw, **small}))
     report = tmp_path / "bench.md"
     assert bench.main(quick=True, as_json=True, report=str(report)) == 0
     out = json.loads(capsys.readouterr().out)
     assert [c["model"] for c in out["cases"]] == ["mlp"]
     assert set(out) >= {"cases", "scaling", "fidelity", "pruning"}
     assert report.read_text().startswith("# partir benchmarks")
+
+
+def test_goals_of_one_model_share_one_trace_and_the_library_experts():
+    programs = bench.experts.Programs()
+    flat = programs.goal(bench.case("mlp", "tiny", bench.MESH_1D))
+    cube = programs.goal(bench.case("mlp", "tiny", bench.MESH_3D_SMALL))
+    assert cube.program is flat.program and len(programs.trace_seconds) == 1
+    assert cube.mesh == bench.MESH_3D_SMALL and cube.propagator is not flat.propagator
+    # the expert plans are the library's (three-axis ones included), and the replicated plan
+    plans = bench.experts.expert_candidates(cube)
+    assert set(plans) == set(partir.experts(cube)) | {"replicated"}
+    assert {"BP+FSDP", "BP+FSDP+MP"} <= set(plans)
+    rules = dict(plans["BP+FSDP+MP"].to_rules())
+    assert {
+        a
+        for spec in rules.values()
+        for e in spec
+        if e
+        for a in (e if isinstance(e, tuple) else (e,))
+    } == set(bench.MESH_3D_SMALL)

@@ -108,6 +108,7 @@ class _Static:
         return self.tx.update(*a)
 
 
+@pytest.mark.slow
 def test_non_float_leaves_trace_cost_plan_and_run():
     args = dropout_args()
     goal = partir.Goal(dropout_step, args, {"batch": 8})

@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from partir.bench import _three_d_experts
 from partir.goal import Goal
 from partir.ir.xla import as_cpu_kinds
 from partir.models import gpt
@@ -58,7 +57,10 @@ def goal_for(model: str, mesh: dict) -> Goal:
     return Goal(gpt.train_step, gpt.example_args(preset="tiny"), mesh)
 
 
-@pytest.mark.parametrize("model, mesh, name", CASES)
+@pytest.mark.parametrize(
+    "model, mesh, name",
+    [pytest.param(*c, marks=pytest.mark.slow) if c[0] == "gpt" else c for c in CASES],
+)
 def test_collectives_and_argument_bytes_match_xla(model, mesh, name):
     goal = goal_for(model, mesh)
     plan = make_plan(goal, expert_schedules(goal)[name]())
@@ -66,6 +68,7 @@ def test_collectives_and_argument_bytes_match_xla(model, mesh, name):
     assert report.ok, f"{model} {name}\n{report}"
 
 
+@pytest.mark.slow
 def test_combined_plan_total_bytes_match_xla():
     # On a 2-D mesh XLA:CPU moves some ZeRO-3 gathers of a BP+MP+Z3 plan with
     # collective-permutes instead of all-gathers; the total per-device bytes still agree.
@@ -126,7 +129,7 @@ def test_compiled_collectives_priced_by_the_cost_model():
     assert len(plan.cost.collectives) > 1  # listed one per gradient, priced as one
 
 
-@pytest.mark.parametrize("model", ["mlp", "gpt"])
+@pytest.mark.parametrize("model", ["mlp", pytest.param("gpt", marks=pytest.mark.slow)])
 def test_idle_axis_plan_moves_the_predicted_bytes(model):
     # ZeRO-3 on `batch` with `model` idle: left to itself XLA resharded the weights over the
     # idle axis (collective-permutes, then all-gathers over 4 devices), moving 1.1-1.3x the
@@ -139,7 +142,7 @@ def test_idle_axis_plan_moves_the_predicted_bytes(model):
     assert compiled == pytest.approx(predicted, rel=1e-3), report
 
 
-@pytest.mark.parametrize("model", ["mlp", "gpt"])
+@pytest.mark.parametrize("model", ["mlp", pytest.param("gpt", marks=pytest.mark.slow)])
 def test_gradient_reduced_over_two_axes_scatters_first(model):
     # FSDP over (data, fsdp) with Megatron on `tensor`: a weight gradient is partial over
     # both data axes and tiled on them. It is reduce-scattered first and only the shard is
@@ -147,7 +150,7 @@ def test_gradient_reduced_over_two_axes_scatters_first(model):
     # (gpt) of XLA. gpt's all-reduce is still 1.13x, and XLA adds 8 KiB of collective-permute
     # (its CPU lowering of a 2-device reduce-scatter); the total is held.
     goal = goal_for(model, {"data": 2, "fsdp": 2, "tensor": 2})
-    plan = make_plan(goal, _three_d_experts(goal)["BP+FSDP+MP"]())
+    plan = make_plan(goal, expert_schedules(goal)["BP+FSDP+MP"]())
     report = verify(goal, plan)
     predicted, compiled = sum(report.predicted.values()), sum(report.compiled.values())
     assert predicted == pytest.approx(compiled, rel=0.05), report

@@ -122,6 +122,7 @@ def nnx_step():
     return example("flax_nnx").train_step_and_args()
 
 
+@pytest.mark.slow
 def test_nnx_searched_plan_runs_sharded_and_matches():
     fn, args = nnx_step()
     goal = goal_for(fn, args)
@@ -157,6 +158,7 @@ NNX_MEGATRON = {  # hand-written, as in a Flax/T5X rule list
 }
 
 
+@pytest.mark.slow
 def test_nnx_rules_fold_layers_and_moments_and_narrow_where_they_disagree():
     fn, args = nnx_step()
     goal = goal_for(step_with_model_named_state(fn), args)
@@ -214,6 +216,7 @@ def test_haiku_searched_plan_runs_sharded_and_matches():
 
 
 # -- Jraph --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_jraph_searched_plan_runs_sharded_and_matches():
     fn, args = example("jraph_gnn").train_step_and_args()
     goal = goal_for(fn, args)

@@ -165,7 +165,9 @@ def test_batches_are_meaningful():
 # ----------------------------------------------------------------------------- train step
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ("unet", "moe") else n for n in NAMES]
+)
 def test_train_step_runs_and_learns(name, trained):
     (params, opt_state, _), losses, (new_params, new_opt_state, metrics) = trained(name)
     assert set(metrics) == {"loss"} and metrics["loss"].shape == ()

@@ -1,11 +1,15 @@
 """Golden tests: each rule printed in factor notation, as Shardy's registry tests do."""
 
+import ast
+import pathlib
 import warnings
 
 import jax
 import jax.numpy as jnp
 import pytest
+from rule_examples import example
 
+from partir.ir import rules
 from partir.ir.program import trace
 from partir.ir.propagate import attach_rules
 from partir.ir.rules import RULES, UnknownPrimitiveWarning, rule_for
@@ -20,8 +24,55 @@ def rules_of(fn, *args) -> list[str]:
     return [f"{op.primitive} {op.rule}" for op in prog.ops]
 
 
-def test_table_is_alphabetical():
-    assert list(RULES) == sorted(RULES)
+def _literal(name: str) -> list[str]:
+    """The string keys (dict) or items (list, tuple) of the module-level literal `name` in
+    partir/ir/rules.py, in the order they are written."""
+    tree = ast.parse(pathlib.Path(rules.__file__).read_text())
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) else None)  # fmt: skip
+        if isinstance(target, ast.Name) and target.id == name:
+            value = node.value
+            items = value.keys if isinstance(value, ast.Dict) else value.elts
+            return [ast.literal_eval(k) for k in items]
+    raise AssertionError(f"no literal {name} in {rules.__file__}")
+
+
+@pytest.mark.parametrize("name", ["RULES", "POINTWISE"])
+def test_table_is_written_in_alphabetical_order(name):
+    written = _literal(name)
+    assert len(written) > 10
+    out_of_order = [(a, b) for a, b in zip(written, written[1:]) if a >= b]
+    assert not out_of_order, f"{name} out of order at {out_of_order}"
+
+
+def test_the_table_is_the_written_rules_and_the_pointwise_primitives():
+    assert set(RULES) == set(_literal("RULES")) | set(_literal("POINTWISE"))
+
+
+GOLDEN = pathlib.Path(__file__).parent / "data" / "rules.txt"
+
+
+def _golden() -> dict[str, str]:
+    lines = GOLDEN.read_text().splitlines()
+    out = dict(line.split(" ", 1) for line in lines)
+    assert len(out) == len(lines), "a primitive has two golden lines"
+    return out
+
+
+def test_every_primitive_of_the_table_has_one_golden_text():
+    golden = _golden()
+    assert sorted(set(RULES) - set(golden)) == [], "add a line to tests/data/rules.txt"
+    assert sorted(set(golden) - set(RULES)) == [], "a golden line for no rule of the table"
+
+
+@pytest.mark.parametrize("primitive", sorted(RULES))
+def test_golden_text(primitive):
+    ins, outs, params = example(primitive)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a rule that fails on its example is not pinned
+        rule = rule_for(primitive, ins, outs, params)
+    assert str(rule) == _golden()[primitive]
 
 
 @pytest.mark.parametrize(

@@ -112,6 +112,7 @@ def test_auto_may_split_a_dim_an_earlier_axis_tiles():
     assert megatron and not any(a.group.startswith("batch/") for a in megatron)
 
 
+@pytest.mark.slow
 def test_auto_reaches_fsdp_under_a_limit_only_zero_meets():
     # gpt small 2x4 at 145 MiB (FSDP peaks at 138.2 MiB, BP+MP+Z3 at 157.2). An auto axis may
     # end with deferred ZeRO, and while `model` is still to come the data axis is held to 4x the

@@ -12,8 +12,12 @@ factor costs:
   these too, so they cost like REPLICATE and do not propagate.
 
 A dim maps to one factor, or to several (major first) where a reshape splits or merges
-dims. Simple rules are written as one einsum-like string, `"b i k, b k j -> b i j"`.
-Keep the table alphabetical.
+dims. Each rule is a small function that maps dims to factors with a `Builder`; the
+elementwise primitives (`POINTWISE`) share one. A rule prints in Shardy's notation,
+`([i, k], [k, j])->([i, j]) {i=4, j=8, k=16} reduction={k}`, and tests/data/rules.txt pins
+one such line for every primitive of the table.
+
+Keep `RULES` and `POINTWISE` alphabetical (tests/test_rules.py reads their order here).
 """
 
 from __future__ import annotations
@@ -123,48 +127,6 @@ class Builder:
         )
 
 
-def einsum(
-    spec: str,
-    ins: Sequence[Shape | None],
-    outs: Sequence[Shape],
-    *,
-    replicate: str = "",
-    permute: str = "",
-    reduce_op: str = "sum",
-) -> Rule:
-    """A rule from `"b i k, b k j -> b i j"`: letters shared by dims are one factor.
-
-    A letter on operands only is a reduction; letters in `replicate` or `permute` get
-    those kinds. `_` marks a dim with a factor of its own (kept whole), `.` a literal.
-    """
-    lhs, rhs = spec.split("->")
-    in_specs = [s.split() for s in lhs.split(",")]
-    out_specs = [s.split() for s in rhs.split(",")] if rhs.strip() else []
-    b = Builder(ins, outs)
-    letters: dict[str, int] = {}
-    out_letters = {x for s in out_specs for x in s}
-    for tensors, specs, is_result in ((ins, in_specs, False), (outs, out_specs, True)):
-        for t, (shape, letters_t) in enumerate(zip(tensors, specs)):
-            if shape is None or letters_t == ["."]:
-                continue
-            for d, letter in enumerate(letters_t):
-                if letter == "_":
-                    continue
-                if letter not in letters:
-                    if letter in replicate:
-                        kind = Kind.REPLICATE
-                    elif letter in permute:
-                        kind = Kind.PERMUTE
-                    elif letter in out_letters:
-                        kind = Kind.PASS
-                    else:
-                        kind = Kind.REDUCTION
-                    letters[letter] = b.factor(shape[d], kind)
-                f = letters[letter]
-                (b.res_dims if is_result else b.op_dims)[t][d].append(f)
-    return b.build(reduce_op)
-
-
 def pointwise(ins: Sequence[Shape | None], outs: Sequence[Shape], params: Any = None) -> Rule:
     """Tensors of the result's rank share a factor per dim; a size-1 dim broadcast against
     a larger one, a scalar, or a literal keeps its dim whole."""
@@ -189,10 +151,6 @@ def pointwise(ins: Sequence[Shape | None], outs: Sequence[Shape], params: Any = 
 def conservative(ins: Sequence[Shape | None], outs: Sequence[Shape], params: Any = None) -> Rule:
     """Every dim needs replication: the rule for primitives partir does not know."""
     return Builder(ins, outs).build()
-
-
-def _letters(n: int, start: int = 0) -> list[str]:
-    return [f"d{i}" for i in range(start, start + n)]
 
 
 def _dot_general(ins, outs, params) -> Rule:
@@ -711,34 +669,33 @@ RULES: dict[str, Callable[..., Rule]] = {
     "reduce_or": _reduce(Kind.REDUCTION, "or"),
     "reduce_prod": _reduce(Kind.REDUCTION, "prod"),
     "reduce_sum": _reduce(Kind.REDUCTION, "sum"),
+    "reduce_window": _window,
     "reduce_window_max": _window,
     "reduce_window_min": _window,
     "reduce_window_sum": _window,
-    "reduce_window": _window,
     "reshape": _reshape,
     "rev": _same_size_dims,
     "rng_bit_generator": conservative,
     "scatter": _scatter(add=False),
     "scatter-add": _scatter(add=True),
-    "scatter_add": _scatter(add=True),
     "scatter-max": _scatter(add=False),
     "scatter-min": _scatter(add=False),
     "scatter-mul": _scatter(add=False),
+    "scatter_add": _scatter(add=True),
     "select_and_gather_add": _window,
     "select_and_scatter_add": _window,
     "shard_map": _shard_map,
     "slice": _same_size_dims,
     "sort": _along_axis("dimension"),
     "split": _split,
-    "stack": _stack,
-    "unstack": _unstack,
     "squeeze": _squeeze,
+    "stack": _stack,
     "top_k": _top_k,
     "transpose": _transpose,
+    "unstack": _unstack,
 }
 for _name in POINTWISE:
     RULES.setdefault(_name, pointwise)
-RULES = dict(sorted(RULES.items()))
 
 _warned: set[str] = set()
 
@@ -811,4 +768,4 @@ def link_rule(src: Shape, dst: Shape, offset: int) -> Rule:
     return b.build()
 
 
-__all__ = ["Kind", "Rule", "RULES", "rule_for", "einsum", "pointwise", "conservative", "link_rule"]
+__all__ = ["Kind", "Rule", "RULES", "rule_for", "pointwise", "conservative", "link_rule"]

@@ -31,13 +31,6 @@ class Group:
     def members(self) -> tuple[int, ...]:
         return self.params + self.moments + self.data
 
-    @property
-    def nbytes_hint(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n * len(self.members)
-
 
 @dataclasses.dataclass(frozen=True)
 class Action:

@@ -149,7 +149,8 @@ def _family(goal: Goal) -> str:
 
 def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
     """Name -> schedule builder, for the expert plans of the goal's model family and mesh.
-    The first mesh axis is the data axis; the second (if any) the model axis."""
+    The first mesh axis is the data axis; the second (if any) the model axis. On three axes
+    or more, also plans that use the first three as data x fsdp x tensor (`_three_axes`)."""
     axes = list(goal.mesh)
     data = axes[0]
     model = axes[1] if len(axes) > 1 else None
@@ -158,8 +159,7 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
     bp = lambda: batch_rules(goal, data)  # noqa: E731
 
     if family == "graph":
-        edge = [p for p in _data_paths(goal) if any(k in p for k in ("edges", "senders",
-                                                                    "receivers"))]  # fmt: skip
+        edge = _edge_paths(goal)
         node = [p for p in _data_paths(goal) if p not in edge]
         plans["EDGE"] = lambda: [batch_rules(goal, data, edge)]
         plans["NODE"] = lambda: [batch_rules(goal, data, node)]
@@ -187,6 +187,39 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
         ep_axis = model or data
         ep = expert_parallel_rules(goal, ep_axis)
         plans["EP"] = lambda: [bp(), ep] if model else [ep]
+    if len(axes) >= 3:
+        plans.update(_three_axes(goal, family))
+    return plans
+
+
+def _edge_paths(goal: Goal) -> list[str]:
+    """A graph network's per-edge data inputs."""
+    return [p for p in _data_paths(goal) if any(k in p for k in ("edges", "senders", "receivers"))]
+
+
+def _three_axes(goal: Goal, family: str) -> dict[str, Callable[[], Schedule]]:
+    """Plans that use all three axes of a data x fsdp x tensor mesh: the batch split over
+    data and fsdp, ZeRO-3 on fsdp, Megatron or expert parallelism on tensor."""
+    data, fsdp, tensor = list(goal.mesh)[:3]
+    plans: dict[str, Callable[[], Schedule]] = {}
+    if family == "graph":
+        edge = _edge_paths(goal)
+        plans["EDGE+FSDP"] = lambda: [batch_rules(goal, data, edge), batch_rules(goal, fsdp, edge),
+                                      zero_rules(goal, fsdp, params=True)]  # fmt: skip
+        return plans
+
+    def bp2() -> Schedule:
+        return [batch_rules(goal, data), batch_rules(goal, fsdp)]
+
+    plans["BP+FSDP"] = lambda: [*bp2(), zero_rules(goal, fsdp, params=True)]
+    if family in ("transformer", "moe", "mlp"):
+        mp = megatron_rules(goal, tensor)
+        plans["BP+FSDP+MP"] = lambda: [*bp2(), mp, zero_rules(goal, fsdp, params=True,
+                                                               taken=[mp])]  # fmt: skip
+    if family == "moe":
+        ep = expert_parallel_rules(goal, tensor)
+        plans["BP+FSDP+EP"] = lambda: [*bp2(), ep, zero_rules(goal, fsdp, params=True,
+                                                               taken=[ep])]  # fmt: skip
     return plans
 
 
