@@ -18,7 +18,7 @@ XLA:CPU carries bf16 collectives in f32, so every llama here computes in f32.
 Models: the zoo's tiny presets, and a Llama-style step with its layers under `lax.scan` and
 `jax.checkpoint` (`llama scan`) and unrolled (`llama flat`, still rematerialised). Meshes:
 8 (data), 2x4 (data x model) and 2x2x2 (data x fsdp x tensor). Plans: the library's expert
-plans (`partir.experts`), on 2x2x2 one over all three axes (BP+FSDP+MP), for llama on 2x2x2
+plans (`partir.experts`, BP+FSDP+MP among them on 2x2x2), for llama on 2x2x2
 MaxText's default sharding (`maxtext_rules`), and the plan `partir.solve` finds in a few
 seconds from the natural schedule. Compiles use LLVM optimisation level 0: the HLO, its
 buffer assignment and its collectives are the same as at the default level, only the
@@ -128,15 +128,6 @@ def maxtext_rules(goal) -> dict:
     return rules
 
 
-def three_axis_expert(goal) -> list:
-    """Batch on data and fsdp, Megatron on tensor, ZeRO-3 on fsdp over what Megatron left."""
-    from partir.strategies.experts import batch_rules, megatron_rules, zero_rules
-
-    data, fsdp, tensor = list(goal.mesh)
-    mp = megatron_rules(goal, tensor)
-    return [batch_rules(goal, (data, fsdp)), mp, zero_rules(goal, fsdp, params=True, taken=[mp])]
-
-
 def natural_schedule(module: str, mesh: dict[str, int]) -> list:
     """What a user would write: data: batch + zero(3); model: megatron (moe: expert too);
     3-D: data: batch, fsdp: fsdp, tensor: megatron (gns batches its edge inputs)."""
@@ -172,10 +163,8 @@ def plans_for(model: Model, mesh_name: str, args, quick: bool, seconds: float) -
     experts = partir.experts(goal)
     keep = QUICK_EXPERTS[mesh_name] if quick else tuple(experts)
     out += [(n, lambda p=p: p) for n, p in experts.items() if n in keep]
-    if len(mesh) == 3:
-        out.append(("BP+FSDP+MP", lambda: partir.plan(goal, three_axis_expert(goal), strict=False)))
-        if model.module == "llama":
-            out.append(("MaxText", lambda: partir.plan(goal, [maxtext_rules(goal)])))
+    if len(mesh) == 3 and model.module == "llama":
+        out.append(("MaxText", lambda: partir.plan(goal, [maxtext_rules(goal)])))
 
     def searched():
         g = partir.Goal(module.train_step, args, mesh, schedule=natural_schedule(model.module, mesh),

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from partir.ir.program import trace
 
@@ -66,6 +67,8 @@ WRITTEN: dict[str, Example] = {
     "rng_bit_generator": ([(4,)], [(4,), X], {}),
     "select_and_gather_add": ([X, X], [(4, 4)], WINDOW),
     "select_and_scatter_add": ([(4, 4), X, None], [X], WINDOW),
+    "shard_map": ([(8, 32), (4, 6)], [(8,)],
+                  {"in_specs": (P("a", "b"), P(None, "a")), "out_specs": (P(("a", "b")),)}),
     "slice": ([X], [(4, 4)], {}),
     "sort": ([X, X], [X, X], {"dimension": 1}),
     "split": ([X], [(4, 2), (4, 6)], {"axis": 1}),
