@@ -48,7 +48,8 @@ def raises_unprintable():
 
 
 def constrained_step(params, data):
-    mesh = jax.sharding.AbstractMesh((2,), ("batch",))
+    auto = (jax.sharding.AxisType.Auto,)  # jax 0.11's default is Explicit
+    mesh = jax.sharding.AbstractMesh((2,), ("batch",), axis_types=auto)
     spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch", None))
     x = jax.lax.with_sharding_constraint(data["x"], spec)
     return jnp.sum(jnp.tanh(x @ params["w"]))
