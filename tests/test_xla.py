@@ -592,7 +592,11 @@ def test_true_peak_of_a_matmul_chain():
 
     a = sds(1024, 1024)
     compiled, peak = xla.compile_with_buffer_peak(_lowered(chain, a, a))
-    assert peak is not None and peak.bytes == 16 * MIB
+    assert peak is not None
+    if jax.__version_info__ < (0, 11):
+        assert peak.bytes == 16 * MIB
+    else:  # XLA 0.11 fuses the whole chain into one library call: its products are scratch
+        assert 8 * MIB <= peak.bytes < 9 * MIB
     assert compiled.memory_analysis().peak_memory_in_bytes < 9 * MIB  # arguments + output
 
 
