@@ -10,7 +10,7 @@ import pathlib
 from partir.goal import Goal
 from partir.ir.cost import KINDS, fmt_bytes, fmt_seconds
 from partir.models import MODELS
-from partir.strategies.experts import expert_plans, replicated_plan
+from partir.solver.baselines import expert_plans, replicated_plan
 
 CASES = [  # model, preset, mesh, device
     ("gpt", "1b", {"batch": 8, "model": 8}, "tpu-v4"),

@@ -11,12 +11,12 @@ import time
 import jax
 
 from partir.goal import Goal
+from partir.ir.groups import find_groups
 from partir.ir.program import trace
 from partir.ir.propagate import Decision, Propagator
 from partir.models import gpt
-from partir.solver.actions import find_groups
+from partir.solver.baselines import MEGATRON, _fill
 from partir.solver.plan import input_decisions
-from partir.strategies.experts import MEGATRON, _fill
 
 
 def main() -> None:
@@ -82,7 +82,7 @@ def main() -> None:
         f"the same decisions again (warm memo, as in a search revisiting ops): median "
         f"{statistics.median(warm) * 1e3:.2f} ms"
     )
-    groups = [g for g in find_groups(goal) if g.params and len(g.shape) >= 2]
+    groups = [g for g in find_groups(goal.program) if g.params and len(g.shape) >= 2]
     times = []
     for g in groups:
         dim = max(range(len(g.shape)), key=lambda d: g.shape[d])

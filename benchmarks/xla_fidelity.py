@@ -18,7 +18,7 @@ XLA:CPU carries bf16 collectives in f32, so every llama here computes in f32.
 Models: the zoo's tiny presets, and a Llama-style step with its layers under `lax.scan` and
 `jax.checkpoint` (`llama scan`) and unrolled (`llama flat`, still rematerialised). Meshes:
 8 (data), 2x4 (data x model) and 2x2x2 (data x fsdp x tensor). Plans: the library's expert
-plans (`partir.experts`, BP+FSDP+MP among them on 2x2x2), for llama on 2x2x2
+plans (`partir.baselines`, BP+FSDP+MP among them on 2x2x2), for llama on 2x2x2
 MaxText's default sharding (`maxtext_rules`), and the plan `partir.solve` finds in a few
 seconds from the natural schedule. Compiles use LLVM optimisation level 0: the HLO, its
 buffer assignment and its collectives are the same as at the default level, only the
@@ -160,7 +160,7 @@ def plans_for(model: Model, mesh_name: str, args, quick: bool, seconds: float) -
     module = get(model.module)
     goal = partir.Goal(module.train_step, args, mesh)
     out: list[tuple[str, Callable[[], Any]]] = []
-    experts = partir.experts(goal)
+    experts = partir.baselines(goal)
     keep = QUICK_EXPERTS[mesh_name] if quick else tuple(experts)
     out += [(n, lambda p=p: p) for n, p in experts.items() if n in keep]
     if len(mesh) == 3 and model.module == "llama":

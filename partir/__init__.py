@@ -8,12 +8,12 @@ from partir.ir.program import TraceError
 from partir.ir.rules import UnknownPrimitiveWarning
 from partir.ir.specs import PlanError
 from partir.jax_api import jit
+from partir.solver.baselines import expert_plans as baselines
 from partir.solver.mesh_search import solve_goal as solve
 from partir.solver.plan import Plan, evaluate
 from partir.solver.plan import make_plan as plan
 from partir.solver.prune import InfeasibleMemory
 from partir.solver.verify import verify
-from partir.strategies.experts import expert_plans as experts
 
 __all__ = [
     "Collective",
@@ -26,8 +26,8 @@ __all__ = [
     "Search",
     "TraceError",
     "UnknownPrimitiveWarning",
+    "baselines",
     "evaluate",
-    "experts",
     "jit",
     "load_goal",
     "load_goal_text",

@@ -70,7 +70,7 @@ def test_goals_of_one_model_share_one_trace_and_the_library_experts():
     assert cube.mesh == bench.MESH_3D_SMALL and cube.propagator is not flat.propagator
     # the expert plans are the library's (three-axis ones included), and the replicated plan
     plans = bench.experts.expert_candidates(cube)
-    assert set(plans) == set(partir.experts(cube)) | {"replicated"}
+    assert set(plans) == set(partir.baselines(cube)) | {"replicated"}
     assert {"BP+FSDP", "BP+FSDP+MP"} <= set(plans)
     rules = dict(plans["BP+FSDP+MP"].to_rules())
     assert {

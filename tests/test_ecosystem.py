@@ -23,10 +23,10 @@ from jax.sharding import PartitionSpec as P
 import partir
 from partir import strategies as st
 from partir.ir.constraints import ConstraintWarning
+from partir.ir.groups import find_groups
 from partir.ir.propagate import attach_rules
 from partir.ir.rules import UnknownPrimitiveWarning
 from partir.ir.specs import resolve
-from partir.solver.actions import find_groups
 from partir.testing import check_plan, max_relative_error
 
 TOLERANCE = 1e-5
@@ -480,7 +480,7 @@ def test_layer_stack_scanned_along_a_middle_dim():
     goal = partir.Goal(scanned_step, scanned_args(), {"batch": 2, "model": 4},
                        schedule=[st.batch("batch"), st.megatron("model")],
                        search=partir.Search(seed=0, episodes=30))  # fmt: skip
-    groups = {g.name: g for g in find_groups(goal)}
+    groups = {g.name: g for g in find_groups(goal.program)}
     assert groups["w_in"].shape == (16, 3, 32) and len(groups["w_in"].params) == 1
     plan = partir.plan(goal, {"x": P("batch"), "params/w_in": P(None, None, "model"),
                               "params/w_out": P("model")})  # fmt: skip

@@ -9,8 +9,8 @@ import pytest
 from partir.goal import Goal
 from partir.ir.xla import as_cpu_kinds, stats_of_compiled
 from partir.models import MODELS
+from partir.solver.baselines import expert_plans
 from partir.solver.verify import close
-from partir.strategies.experts import expert_plans
 from partir.testing import max_relative_error
 
 # f32, sharded against unsharded: reductions run in another order, and an Adam step
@@ -55,7 +55,7 @@ def setup(model: str, mesh: str):
 def _names(model, mesh):
     m = MODELS[model]
     goal = Goal(m.train_step, m.example_args(preset="tiny"), MESHES[mesh])
-    from partir.strategies.experts import expert_schedules
+    from partir.solver.baselines import expert_schedules
 
     return list(expert_schedules(goal))
 

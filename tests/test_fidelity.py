@@ -8,14 +8,14 @@ import pytest
 from partir.goal import Goal
 from partir.ir.xla import as_cpu_kinds
 from partir.models import gpt
-from partir.solver.plan import make_plan
-from partir.solver.verify import close, priced_comm_s, verify
-from partir.strategies.experts import (
+from partir.solver.baselines import (
     batch_rules,
     expert_schedules,
     megatron_rules,
     zero_rules,
 )
+from partir.solver.plan import make_plan
+from partir.solver.verify import close, priced_comm_s, verify
 
 S = jax.ShapeDtypeStruct
 f32 = jnp.float32

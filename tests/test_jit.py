@@ -18,8 +18,8 @@ from partir.ir.rules import RULES
 from partir.ir.specs import PlanError, to_sharding
 from partir.ir.xla import stats_of_compiled
 from partir.models import MODELS
+from partir.solver.baselines import expert_plans
 from partir.solver.plan import make_plan
-from partir.strategies.experts import expert_plans
 
 MESH = {"a": 2, "b": 4}
 MESH_2D = {"batch": 2, "model": 4}

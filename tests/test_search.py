@@ -10,9 +10,9 @@ import pytest
 import partir
 from partir import strategies as st
 from partir.bench import REALISTIC
+from partir.ir.groups import find_groups
 from partir.models import gpt, mlp
 from partir.solver import search as search_module
-from partir.solver.actions import find_groups
 from partir.solver.prune import InfeasibleMemory, prune_actions
 from partir.strategies.compile import compile_axis, zero_decisions
 from partir.testing import check_plan
@@ -32,7 +32,7 @@ def gpt_goal(mesh=None, schedule=None, **kw):
 
 def test_groups_tie_params_to_moments_and_layers():
     goal = gpt_goal()
-    groups = {g.name: g for g in find_groups(goal)}
+    groups = {g.name: g for g in find_groups(goal.program)}
     q = groups["layers/*/attn/q"]
     assert len(q.params) == 2 and len(q.moments) == 4  # 2 layers x (param, mu, nu)
     assert groups["batch/tokens"].data and not groups["batch/tokens"].params
@@ -94,7 +94,7 @@ def test_auto_may_split_a_dim_an_earlier_axis_tiles():
     # (only untiled dims were actions) and stayed 1.14x the FSDP expert on gpt small 2x4
     def model_axis_actions(second):
         goal = gpt_goal(schedule=[st.batch("batch"), second])
-        prop, groups = goal.propagator, find_groups(goal)
+        prop, groups = goal.propagator, find_groups(goal.program)
         required = compile_axis(goal, "batch", prop.empty(), groups, 10).required
         state = prop.apply_all(prop.empty(), required)[0]
         return goal, state, compile_axis(goal, "model", state, groups, 20).actions
@@ -106,7 +106,7 @@ def test_auto_may_split_a_dim_an_earlier_axis_tiles():
     state = prop.apply_all(state, split.decisions("model", 29))[0]
     assert prop.sharding(state, tokens)[0] == ("batch", "model")
     # an axis is not offered twice, and megatron still leaves the data alone
-    again = compile_axis(goal, "model", state, find_groups(goal), 30).actions
+    again = compile_axis(goal, "model", state, find_groups(goal.program), 30).actions
     assert not any(a.group == "batch/tokens" for a in again)
     _, _, megatron = model_axis_actions(st.megatron("model"))
     assert megatron and not any(a.group.startswith("batch/") for a in megatron)
@@ -131,7 +131,7 @@ def test_auto_reaches_fsdp_under_a_limit_only_zero_meets():
 def test_a_zero_stop_is_its_own_state_scored_with_zero_applied():
     goal = gpt_goal(schedule=[st.auto("batch"), st.auto("model")])
     prop = goal.propagator
-    view = search_module.View(goal, find_groups(goal), prop.empty())
+    view = search_module.View(goal, find_groups(goal.program), prop.empty())
     view.actions = compile_axis(goal, "batch", view.state, view.groups, 10).actions
     scorer = search_module.Scorer(goal, [view], 1)
     env = search_module.AxisEnvironment([view], "batch", 19, scorer, (3,))
@@ -260,7 +260,7 @@ def test_cpsat_lets_the_search_stop_where_the_axis_own_zero_fits(monkeypatch):
     args = mlp.example_args(preset="small")
 
     def zero_only(goal):
-        prop, groups = goal.propagator, find_groups(goal)
+        prop, groups = goal.propagator, find_groups(goal.program)
         problem = compile_axis(goal, axis, prop.empty(), groups, 10)
         state = prop.apply_all(prop.empty(), problem.required)[0]
         state = prop.apply_all(state, zero_decisions(goal, state, groups, problem.deferred))[0]
@@ -333,7 +333,7 @@ def test_a_plan_that_tiles_a_replicated_input_is_refused_and_experts_honour_repl
     from jax.sharding import PartitionSpec as P
 
     from partir.ir.specs import PlanError
-    from partir.strategies.experts import expert_plans
+    from partir.solver.baselines import expert_plans
 
     goal = gpt_goal(schedule=[st.replicate("params/**/scale", "batch")])
     with pytest.raises(PlanError, match="replicate statement"):
@@ -397,7 +397,7 @@ def test_comm_rewards_tell_plans_apart_by_their_bytes():
     from jax.sharding import PartitionSpec as P
 
     goal = gpt_goal(schedule=[st.auto("batch"), st.auto("model")], objective="comm")
-    view = search_module.View(goal, find_groups(goal), goal.propagator.empty())
+    view = search_module.View(goal, find_groups(goal.program), goal.propagator.empty())
     scorer = search_module.Scorer(goal, [view], 1)
     bp = partir.evaluate(goal, {"batch/*": P("batch")})
     bp_mp = partir.evaluate(goal, {"batch/*": P("batch"), "params/**/mlp/w_in": P(None, "model")})

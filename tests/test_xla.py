@@ -648,7 +648,7 @@ def test_verify_reports_the_buffer_assignment_peak_beside_the_estimate():
     from partir.solver.verify import PEAK_ROW
 
     goal = partir.Goal(mlp.train_step, mlp.example_args(preset="tiny"), {"batch": 8})
-    plan = partir.experts(goal)["BP"]
+    plan = partir.baselines(goal)["BP"]
     report = partir.verify(goal, plan)
     row = report.row(PEAK_ROW)
     assert row is not None and row.compiled == report.stats.true_peak_bytes

@@ -1,5 +1,5 @@
 """Goals of the cases, sharing one trace per model and size, and the expert plans they are
-measured against (those of `partir.strategies.experts`)."""
+measured against (those of `partir.solver.baselines`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from partir.bench.cases import DEVICE, Case
 from partir.ir.program import Program
 from partir.ir.specs import PlanError
 from partir.models import get
+from partir.solver.baselines import expert_plans, expert_schedules, replicated_plan
 from partir.solver.plan import make_plan
-from partir.strategies.experts import expert_plans, expert_schedules, replicated_plan
 
 
 class TracedGoal(partir.Goal):

@@ -293,7 +293,7 @@ def markdown(result: dict) -> str:
         "2-D model axis megatron (moe: expert + megatron); 3-D data x fsdp x tensor: batch, "
         "fsdp, megatron (moe: expert + megatron). `auto`: auto on every axis. The expert is "
         "the fastest plan within the limit among the library's expert plans "
-        "(`partir.experts`: BP, Z1-3 or FSDP, MP, BP+MP, BP+MP+Z3, BP+EMB, EP, EDGE, NODE, "
+        "(`partir.baselines`: BP, Z1-3 or FSDP, MP, BP+MP, BP+MP+Z3, BP+EMB, EP, EDGE, NODE, "
         "EDGE+Z3, with the first mesh axis as data and the second as model) and on 3-D "
         "meshes BP+FSDP, BP+FSDP+MP, BP+FSDP+EP, EDGE+FSDP (data, fsdp, tensor). The "
         "same-schedule expert is the expert plan made of the natural schedule's own "

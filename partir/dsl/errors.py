@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from partir.ir.textfile import first_bad_byte
+
 
 @dataclasses.dataclass(frozen=True)
 class Pos:
@@ -88,18 +90,5 @@ def one_of(words: Iterable[str], conj: str = "or") -> str:
 
 def not_utf8(filename: str, data: bytes, e: UnicodeDecodeError) -> GoalError:
     """A file that is not UTF-8, reported at the line and column of the first bad byte."""
-    start = e.start - (3 if data.startswith(b"\xef\xbb\xbf") else 0)
-    body = data[3:] if start != e.start else data
-    before = body[:start].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    line = before.count(b"\n") + 1
-    head = before.rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
-    end = body.find(b"\n", start)
-    rest = body[start : end if end >= 0 else len(body)].split(b"\r", 1)[0]
-    shown = head + rest.decode("utf-8", "replace")
-    return GoalError(
-        f"the file is not UTF-8 text (byte 0x{body[start]:02x}: {e.reason}); save it as UTF-8",
-        filename,
-        line,
-        len(head) + 1,
-        shown,
-    )
+    bad = first_bad_byte(data, e)
+    return GoalError(bad.message, filename, bad.line, bad.column, bad.shown)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from partir.ir.cost import fmt_bytes, fmt_seconds
-from partir.solver.actions import param_prefix
+from partir.ir.groups import param_prefix
 
 
 def _where(source: str) -> str:

@@ -155,8 +155,8 @@ def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tupl
 
 
 def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
+    from partir.solver.baselines import expert_plans
     from partir.solver.search import _better, metric
-    from partir.strategies.experts import expert_plans
 
     full = goal.search
     screen = full.episodes is None or full.episodes > SCREEN_EPISODES

@@ -23,6 +23,7 @@ from partir.ir.specs import (
     to_sharding,
     to_spec,
 )
+from partir.ir.textfile import first_bad_byte
 
 FORMAT = "partir-plan/1"
 
@@ -540,9 +541,7 @@ def read_plan_file(path: str, goal: Goal | None = None) -> Plan:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        from partir.dsl.errors import not_utf8
-
-        bad = not_utf8(path, data, e)
+        bad = first_bad_byte(data, e)
         raise PlanFileError(bad.message, path, bad.line, bad.column) from None
     try:
         d = json.loads(text)

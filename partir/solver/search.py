@@ -25,11 +25,11 @@ from typing import Any
 
 from partir.goal import Goal
 from partir.ir.cost import Cost
+from partir.ir.groups import Action, find_groups, useful_actions
 from partir.ir.heap import paused_gc
 from partir.ir.propagate import State
 from partir.ir.specs import PlanError, to_spec
 from partir.solver import mcts
-from partir.solver.actions import Action, find_groups, useful_actions
 from partir.solver.plan import Plan, input_decisions
 from partir.solver.proxy import Proxy, extrapolate, make_proxy
 from partir.solver.prune import prune_actions
@@ -245,7 +245,7 @@ def solve(
     baselines: bool = True,
 ) -> Plan:
     """Search the goal's schedule for a plan; the best so far on budget end or Ctrl-C."""
-    from partir.strategies.experts import expert_plans
+    from partir.solver.baselines import expert_plans
 
     t0 = time.perf_counter()
     with paused_gc():
@@ -320,11 +320,11 @@ def _solve(
     on_full = Stopwatch()  # work on the full program while the views are searched
     with on_full:
         prog, prop, search = goal.program, goal.propagator, goal.search
-        full = View(goal, find_groups(goal), prop.empty())
+        full = View(goal, find_groups(goal.program), prop.empty())
         _ = goal.cost_model  # built here, timed with the rest of the full-program work
     views = [full]
     if proxy is not None:
-        views = [View(g, find_groups(g), g.propagator.empty()) for g in proxy.shallow]
+        views = [View(g, find_groups(g.program), g.propagator.empty()) for g in proxy.shallow]
     calls: list[list] = []  # every apply_all call on the way, so a plan file can replay it
     calls.append(manual_decisions(goal))
     with on_full:

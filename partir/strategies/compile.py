@@ -31,9 +31,15 @@ from __future__ import annotations
 import dataclasses
 
 from partir.goal import Goal
+from partir.ir.groups import (
+    Action,
+    Group,
+    dims_that_divide,
+    largest_dividing_dim,
+    matmul_operands,
+)
 from partir.ir.propagate import Decision, State
 from partir.ir.specs import PlanError, did_you_mean, glob_match
-from partir.solver.actions import Action, Group, dims_that_divide, largest_dividing_dim
 from partir.strategies.base import (
     FSDP,
     Auto,
@@ -113,7 +119,7 @@ def compile_axis(
     forbidden: set[int] = set()
     deferred: list[tuple[int, Strategy]] = []
     data = {prog.inputs[p] for p in data_paths(goal, strategies)}
-    matmul_weights = _matmul_operands(goal)
+    matmul_weights = matmul_operands(prog)
 
     def free_dims(vid: int) -> list[int]:
         s = prop.sharding(state, vid)
@@ -218,28 +224,4 @@ def _dedupe(actions: list[Action]) -> list[Action]:
         if (a.values, a.dim) not in seen:
             seen.add((a.values, a.dim))
             out.append(a)
-    return out
-
-
-def _matmul_operands(goal: Goal) -> set[int]:
-    """Inputs that reach a dot_general or conv through dtype converts and reshapes."""
-    prog = goal.program
-    through = {"convert_element_type", "reshape", "transpose", "copy", "_link"}
-    out: set[int] = set()
-    for vid in prog.inputs.values():
-        frontier, seen = [vid], {vid}
-        while frontier:
-            v = frontier.pop()
-            for i in prog.users[v]:
-                op = prog.ops[i]
-                if op.primitive in ("dot_general", "conv_general_dilated"):
-                    out.add(vid)
-                    frontier = []
-                    break
-                if op.primitive in through:
-                    nxt = op.inputs[1:] if op.primitive == "_link" else op.outputs
-                    for w in nxt:
-                        if w not in seen:
-                            seen.add(w)
-                            frontier.append(w)
     return out

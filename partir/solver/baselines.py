@@ -1,4 +1,5 @@
-"""Expert plans: sharding rules written the way people write them today.
+"""Baseline plans: sharding rules written the way people write them today (the "expert"
+plans that the search is measured against; `expert` the strategy is MoE parallelism).
 
 Each plan is a schedule of rule lists ({path glob: PartitionSpec}, first match wins), the
 shape of MaxText's or Flax's partition rules, applied in order (batch first, then model
@@ -13,8 +14,8 @@ from collections.abc import Callable
 from jax.sharding import PartitionSpec as P
 
 from partir.goal import Goal
+from partir.ir.groups import largest_dividing_dim, param_prefix
 from partir.ir.specs import PlanError, glob_match
-from partir.solver.actions import largest_dividing_dim, param_prefix
 from partir.solver.plan import Plan, make_plan
 
 Rules = dict[str, P]

@@ -1,4 +1,5 @@
-"""The action space, from compiler analysis of the program.
+"""Program analysis the strategies build on: groups of inputs that share a sharding, the
+dims an axis divides, the matmul operands, and the action space made of them.
 
 Inputs that must share a sharding form one group, and tiling a group along one dim is one
 action: a parameter with its optimizer moments (same path tail, same shape), and the same
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from partir.goal import Goal
+from partir.ir.program import Program
 from partir.ir.propagate import Decision, Propagator, State
 
 
@@ -85,9 +86,8 @@ def param_prefix(prog) -> str | None:
     return best if best is not None else heads[0]
 
 
-def find_groups(goal: Goal) -> list[Group]:
+def find_groups(prog: Program) -> list[Group]:
     """Group the program's inputs (see the module docstring), in input order."""
-    prog = goal.program
     carried = set(prog.carried.values())
     prefix = param_prefix(prog)
     is_param = lambda path: prefix is not None and path.startswith(prefix + "/")  # noqa: E731
@@ -144,4 +144,27 @@ def useful_actions(
             continue
         seen.add(hash(state))
         out.append(a)
+    return out
+
+
+def matmul_operands(prog: Program) -> set[int]:
+    """Inputs that reach a dot_general or conv through dtype converts and reshapes."""
+    through = {"convert_element_type", "reshape", "transpose", "copy", "_link"}
+    out: set[int] = set()
+    for vid in prog.inputs.values():
+        frontier, seen = [vid], {vid}
+        while frontier:
+            v = frontier.pop()
+            for i in prog.users[v]:
+                op = prog.ops[i]
+                if op.primitive in ("dot_general", "conv_general_dilated"):
+                    out.add(vid)
+                    frontier = []
+                    break
+                if op.primitive in through:
+                    nxt = op.inputs[1:] if op.primitive == "_link" else op.outputs
+                    for w in nxt:
+                        if w not in seen:
+                            seen.add(w)
+                            frontier.append(w)
     return out
