@@ -290,7 +290,7 @@ class Goal:
         self._data_inputs = list(value) if value is not None else None
 
     def _batches_by_default(self) -> bool:
-        from partir.strategies.base import FSDP, Batch
+        from partir.strategies import FSDP, Batch
 
         return any(isinstance(s, FSDP) or (isinstance(s, Batch) and s.inputs is None)
                    for s in self.schedule)  # fmt: skip
@@ -308,7 +308,7 @@ class Goal:
 
     def replicated(self) -> dict[int, set[str]]:
         """The axes the schedule's `replicate` statements keep off each input (value id)."""
-        from partir.strategies.base import Replicate
+        from partir.strategies import Replicate
 
         out: dict[int, set[str]] = {}
         for s in self.schedule:

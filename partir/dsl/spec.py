@@ -551,44 +551,27 @@ class _Builder:
             elif not hint:
                 hint = f" (strategies: {', '.join(STRATEGIES)})"
             raise self.error(name.pos, f"unknown strategy '{name.text}'{hint}")
-        ctor, allowed = STRATEGIES[name.text]
+        cls = STRATEGIES[name.text]
         _, kwargs = self.kwargs(call, f"strategy '{name.text}'")
         out: dict[str, Any] = {}
         for key, (value, arg) in kwargs.items():
-            if key not in allowed:
+            if key not in cls.arguments:
+                allowed = cls.arguments
                 takes = f"it takes {one_of(allowed)}" if allowed else "it takes no arguments"
                 raise self.error(
                     arg.pos,
                     f"strategy '{name.text}' has no argument '{key}'"
                     f"{did_you_mean(key, allowed)} ({takes})",
                 )
-            out[key] = self.strategy_arg(name.text, key, value, arg)
+            try:
+                out[key] = cls.check_argument(key, value, show=_show)
+            except ValueError as e:
+                raise self.error(arg.value.pos, str(e)) from None
         try:
-            strategy = ctor(axis, **out)
+            strategy = cls(axis, **out)
         except (TypeError, ValueError) as e:  # the constructors' own checks
             raise self.error(name.pos, str(e).split("\n")[0]) from None
         return StrategySpec(strategy, name.pos, {k: a.value.pos for k, (_, a) in kwargs.items()})
-
-    def strategy_arg(self, strategy: str, key: str, value: Literal, arg: Arg) -> Any:
-        pos = arg.value.pos
-        if strategy == "zero" and key == "stage":
-            if isinstance(value, bool) or value not in (1, 2, 3):
-                raise self.error(pos, f"zero stage must be 1, 2 or 3, not {_show(value)}")
-            return int(value)
-        if strategy == "batch" and key == "inputs":
-            globs = [value] if isinstance(value, str) else value
-            if (
-                not isinstance(globs, list)
-                or not globs
-                or not all(isinstance(g, str) and g for g in globs)
-            ):
-                raise self.error(
-                    pos,
-                    'batch inputs is a path glob or a list of them, like inputs="batch/*" '
-                    'or inputs=["batch/x", "batch/y"]',
-                )
-            return tuple(globs)
-        return value
 
     def _tile(self, st: Statement) -> None:
         path, dim, axis = st.parts

@@ -23,7 +23,7 @@ import jax
 from partir.goal import Goal
 from partir.ir.cost import Cost
 from partir.ir.specs import glob_match
-from partir.strategies.base import Replicate, Tile
+from partir.strategies import Replicate, Tile
 
 MIN_LAYERS = 4  # fewer layers than this are searched whole
 

@@ -33,7 +33,7 @@ from partir.solver import mcts
 from partir.solver.plan import Plan, input_decisions
 from partir.solver.proxy import Proxy, extrapolate, make_proxy
 from partir.solver.prune import prune_actions
-from partir.strategies.base import Auto, Zero
+from partir.strategies import Auto, Zero
 from partir.strategies.compile import (
     AxisProblem,
     compile_axis,

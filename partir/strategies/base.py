@@ -1,130 +1,137 @@
-"""Sub-strategies: small immutable values, each naming the mesh axis it acts on.
+"""What every sub-strategy is, and what one mesh axis's strategies share.
 
-A schedule is a plain list of them; the order of first appearance of each axis is the
-search order (batch first, then model, ...). Several strategies may share an axis
-(`batch("batch")` then `zero("batch", stage=3)`).
+A strategy is a small immutable value naming the mesh axis it acts on. Its class says what
+it means there: `constrain` gives the decisions it requires, the values it keeps whole, the
+actions the search may take and the decisions it defers to the end of the search;
+`conflicts_with` says which strategies it cannot share an axis with; `arguments` and
+`check_argument` say what a goal file may give it. A schedule is a plain list of strategies,
+composed per axis by `partir.strategies.compile` (their constraints add up); the order of
+first appearance of each axis is the search order.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from partir.ir.groups import Action, Group, dims_that_divide
+from partir.ir.propagate import Decision, State
+from partir.ir.specs import glob_match
+
+if TYPE_CHECKING:
+    from partir.goal import Goal
+
+
+@dataclasses.dataclass
+class Constraints:
+    """What strategies ask of one axis: `required` decisions, `forbidden` values (kept
+    whole), `actions` for the search, and `deferred` strategies (with their priority) whose
+    decisions are made on every scored plan at the end (`Strategy.deferred_decisions`)."""
+
+    required: list[Decision] = dataclasses.field(default_factory=list)
+    actions: list[Action] = dataclasses.field(default_factory=list)
+    forbidden: set[int] = dataclasses.field(default_factory=set)
+    deferred: list[tuple[int, Strategy]] = dataclasses.field(default_factory=list)
+
+    def __iadd__(self, other: Constraints) -> Constraints:
+        self.required += other.required
+        self.actions += other.actions
+        self.forbidden |= other.forbidden
+        self.deferred += other.deferred
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisContext:
+    """What a strategy sees of its axis: the goal, the state that earlier axes left, the
+    program's input groups and (`data`) its data inputs."""
+
+    goal: Goal
+    axis: str
+    state: State
+    groups: Sequence[Group]
+
+    @functools.cached_property
+    def data(self) -> frozenset[int]:
+        """The value ids of the data inputs (`data_paths`)."""
+        strategies = [s for s in self.goal.schedule if s.axis == self.axis]
+        return frozenset(self.goal.program.inputs[p] for p in data_paths(self.goal, strategies))
+
+    @property
+    def size(self) -> int:
+        return self.goal.mesh[self.axis]
+
+    def free_dims(self, vid: int) -> list[int]:
+        """Dims of `vid` that the axis divides and no earlier axis tiles."""
+        prog, prop = self.goal.program, self.goal.propagator
+        sharding = prop.sharding(self.state, vid)
+        return [d for d in dims_that_divide(prog.values[vid].shape, self.size) if not sharding[d]]
+
+    def divisible_dims(self, vid: int, priority: int) -> list[int]:
+        """Dims the axis can tile, also those an earlier axis tiles (it then goes minor)."""
+        prop = self.goal.propagator
+        dims = range(len(self.goal.program.values[vid].shape)) if self.size > 1 else ()
+        return [d for d in dims if prop.can_apply(self.state, Decision(priority, vid, d, self.axis))]
 
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
     axis: str
 
+    arguments: ClassVar[tuple[str, ...]] = ()
+    """The keyword arguments a goal file may give (checked by `check_argument`)."""
+
     @property
     def name(self) -> str:
         return type(self).__name__.lower()
 
+    def constrain(self, ctx: AxisContext, priority: int) -> Constraints:
+        """This strategy's constraints on its axis; `priority` ranks its decisions."""
+        return Constraints()
 
-@dataclasses.dataclass(frozen=True)
-class Batch(Strategy):
-    """Tile the data inputs' batch dim on the axis; parameters stay replicated on it.
-    `inputs`: globs of the data inputs (default: found from the program)."""
+    def check(self, ctx: AxisContext, own: Constraints, axis: Constraints) -> None:
+        """Raise PlanError when the axis's combined constraints (`axis`) leave this
+        strategy's own (`own`) doing nothing where that is a mistake."""
 
-    inputs: tuple[str, ...] | None = None
+    def deferred_decisions(self, ctx: AxisContext, priority: int) -> list[Decision]:
+        """The decisions deferred to the end (`Constraints.deferred`), for `ctx.state`."""
+        return []
 
+    def conflicts_with(self, other: Strategy) -> str | None:
+        """Why this strategy and `other` cannot share an axis, or None (by default, the
+        same strategy twice)."""
+        if type(other) is type(self):
+            return f"{self.name} is given twice for mesh axis {self.axis!r}; keep one"
+        return None
 
-@dataclasses.dataclass(frozen=True)
-class Zero(Strategy):
-    """ZeRO: tile optimizer state (stage 1), and gradients (2), and parameters (3) on the
-    axis, along a dim that the axis divides."""
-
-    stage: int = 3
-
-    def __post_init__(self) -> None:
-        if self.stage not in (1, 2, 3):
-            raise ValueError(f"zero stage must be 1, 2 or 3, not {self.stage!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class FSDP(Strategy):
-    """Fully sharded data parallelism: batch + zero(stage=3) on one axis."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Megatron(Strategy):
-    """Tensor parallelism: only weights of matmul chains may be tiled on the axis; data
-    inputs are not; the search finds which weights and dims."""
+    @classmethod
+    def check_argument(cls, key: str, value: Any, show: Callable[[Any], str] = repr) -> Any:
+        """The value of argument `key`, converted; a ValueError says what is wrong, with the
+        value written by `show` (a goal file writes values its own way)."""
+        return value
 
 
-@dataclasses.dataclass(frozen=True)
-class Expert(Strategy):
-    """Expert parallelism: tile the experts dim of mixture-of-experts weights."""
+def data_paths(goal: Goal, strategies: Sequence[Strategy]) -> list[str]:
+    """The data inputs: the `inputs=` globs of a strategy that has them (`batch`), else the
+    goal's, else the inputs that are not carried state."""
+    prog = goal.program
+    for s in strategies:
+        globs = getattr(s, "inputs", None)
+        if globs is not None:
+            return [p for p in prog.inputs if any(glob_match(g, p) for g in globs)]
+    if goal.data_inputs is not None:
+        return [p for p in prog.inputs if any(glob_match(g, p) for g in goal.data_inputs)]
+    carried = set(prog.carried.values())
+    return [p for p in prog.inputs if p not in carried]
 
 
-@dataclasses.dataclass(frozen=True)
-class Auto(Strategy):
-    """The search may tile any input on the axis."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Tile(Strategy):
-    """Manual: tile the inputs matching `path` (a glob) along `dim` on the axis."""
-
-    path: str = ""
-    dim: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Replicate(Strategy):
-    """Manual: keep the inputs matching `path` (a glob) whole on the axis."""
-
-    path: str = ""
-
-
-def conflict(strategies: list[Strategy]) -> str | None:
+def conflict(strategies: Sequence[Strategy]) -> str | None:
     """Why strategies that share one mesh axis contradict each other, or None."""
-    megatron = next((s for s in strategies if isinstance(s, Megatron)), None)
-    data = next((s for s in strategies if isinstance(s, Batch | FSDP)), None)
-    if megatron is not None and data is not None:
-        return (
-            f"{data.name} tiles the data inputs on axis {megatron.axis!r} and megatron keeps "
-            "them whole there; put data parallelism and megatron on different mesh axes"
-        )
+    for i, a in enumerate(strategies):
+        for b in strategies[i + 1 :]:
+            why = a.conflicts_with(b) or b.conflicts_with(a)
+            if why is not None:
+                return why
     return None
-
-
-def batch(axis: str, inputs: tuple[str, ...] | list[str] | None = None) -> Batch:
-    return Batch(axis, tuple(inputs) if inputs is not None else None)
-
-
-def zero(axis: str, stage: int = 3) -> Zero:
-    return Zero(axis, stage)
-
-
-def fsdp(axis: str) -> FSDP:
-    return FSDP(axis)
-
-
-def megatron(axis: str) -> Megatron:
-    return Megatron(axis)
-
-
-def expert(axis: str) -> Expert:
-    return Expert(axis)
-
-
-def auto(axis: str) -> Auto:
-    return Auto(axis)
-
-
-def tile(path: str, dim: int, axis: str) -> Tile:
-    return Tile(axis, path, dim)
-
-
-def replicate(path: str, axis: str) -> Replicate:
-    return Replicate(axis, path)
-
-
-# name in a goal file -> (constructor, allowed keyword arguments)
-CATALOG = {
-    "batch": (batch, ("inputs",)),
-    "zero": (zero, ("stage",)),
-    "fsdp": (fsdp, ()),
-    "megatron": (megatron, ()),
-    "expert": (expert, ()),
-    "auto": (auto, ()),
-}
