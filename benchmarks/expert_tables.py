@@ -8,7 +8,8 @@ import argparse
 import pathlib
 
 from partir.goal import Goal
-from partir.ir.cost import KINDS, fmt_bytes, fmt_seconds
+from partir.ir.cost import KINDS
+from partir.ir.messages import fmt_bytes, fmt_seconds
 from partir.models import MODELS
 from partir.solver.baselines import expert_plans, replicated_plan
 

@@ -15,7 +15,7 @@ import time
 
 import partir
 from partir import strategies as st
-from partir.ir.cost import fmt_bytes, fmt_seconds
+from partir.ir.messages import fmt_bytes, fmt_seconds
 from partir.models import gpt
 from partir.solver.mesh_search import mesh_rows
 

@@ -75,7 +75,8 @@ SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to
 def _cost_table(title: str, cost, baselines: dict):
     from rich.table import Table
 
-    from partir.ir.cost import KINDS, fmt_bytes, fmt_seconds
+    from partir.ir.cost import KINDS
+    from partir.ir.messages import fmt_bytes, fmt_seconds
 
     t = Table(title=title, title_justify="left", caption="times and memory are estimates of the "
               "cost model; * over the memory limit; AR all-reduce, AG all-gather, RS reduce-scatter, A2A all-to-all, "
@@ -113,7 +114,7 @@ def cmd_solve(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from partir.ir.cost import fmt_bytes
+    from partir.ir.messages import fmt_bytes
     from partir.solver.mesh_search import solve_goal as solve
 
     console = _console()

@@ -12,7 +12,7 @@ from typing import Any
 from partir.ir.constraints import constraint_decisions
 from partir.ir.cost import CostModel
 from partir.ir.devices import Device, get_device
-from partir.ir.heap import paused_gc
+from partir.ir.gc_pause import paused_gc
 from partir.ir.program import Program, TraceError, trace
 from partir.ir.propagate import Propagator
 from partir.ir.specs import glob_match

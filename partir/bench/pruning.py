@@ -11,7 +11,7 @@ from partir.bench.experts import Programs
 from partir.bench.one_case import run_case
 from partir.bench.xla import ratio
 from partir.goal import parse_bytes
-from partir.ir.cost import fmt_bytes
+from partir.ir.messages import fmt_bytes
 
 TIGHT_MODELS = ("mlp", "gpt", "moe")  # cheap searches: also run at a tight memory limit
 TIGHT_SLACK = 1.05  # tight limit = this times the searched plan's peak at the default limit

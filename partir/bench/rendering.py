@@ -8,7 +8,7 @@ import sys
 from partir.bench.cases import GNS_EDGE_INPUTS, mesh_text, schedule_label
 from partir.bench.fidelity import log_distance
 from partir.bench.pruning import TIGHT_SLACK
-from partir.ir.cost import fmt_bytes, fmt_seconds
+from partir.ir.messages import fmt_bytes, fmt_seconds
 
 
 def _bytes(n: float | None) -> str:

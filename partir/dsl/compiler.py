@@ -19,8 +19,9 @@ import numpy as np
 from partir.dsl.errors import GoalError, Pos, not_utf8
 from partir.dsl.spec import EntryPoint, GoalSpec, ManualSpec, parse
 from partir.goal import Goal
-from partir.ir.program import arg_names, first_line, path_str
-from partir.ir.specs import did_you_mean, glob_match
+from partir.ir.messages import did_you_mean, first_line
+from partir.ir.program import arg_names, path_str
+from partir.ir.specs import glob_match
 from partir.strategies import Batch, Replicate, Tile
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import Any
 
-from partir.ir.textfile import first_bad_byte
+from partir.ir.messages import first_bad_byte
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,14 +77,6 @@ class Source:
 
     def note(self, pos: Pos, message: str) -> str:
         return f"{self.filename}:{pos.line}:{pos.column}: note: {message}"
-
-
-def one_of(words: Iterable[str], conj: str = "or") -> str:
-    """`a`, `a or b`, `a, b or c`."""
-    words = list(words)
-    if len(words) <= 1:
-        return "".join(words)
-    return f"{', '.join(words[:-1])} {conj} {words[-1]}"
 
 
 def not_utf8(filename: str, data: bytes, e: UnicodeDecodeError) -> GoalError:

@@ -9,7 +9,8 @@ from typing import Any
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
-from partir.dsl.errors import GoalError, Pos, Source, one_of
+from partir.dsl.errors import GoalError, Pos, Source
+from partir.ir.messages import one_of
 
 STATEMENTS = ("program", "inputs", "mesh", "device", "memory", "objective", "axis", "tile",
               "replicate", "search", "prune", "constraints")  # fmt: skip
@@ -391,7 +392,7 @@ def syntax_error(e: UnexpectedInput, source: Source) -> GoalError:
 
 
 def _unknown_statement(tok: Token, expected: set[str], source: Source) -> str:
-    from partir.ir.specs import did_you_mean
+    from partir.ir.messages import did_you_mean
 
     rest = source.line_text(tok.line)[tok.end_column - 1 :] if tok.end_column else ""
     if "COMMA" in expected and rest.lstrip().startswith("="):

@@ -7,7 +7,7 @@ import math
 import re
 from typing import Any
 
-from partir.dsl.errors import GoalError, Pos, Source, one_of
+from partir.dsl.errors import GoalError, Pos, Source
 from partir.dsl.parser import (
     Arg,
     Call,
@@ -24,7 +24,7 @@ from partir.dsl.units import Quantity, UnitError, read
 from partir.goal import Search
 from partir.ir.devices import CATALOG as DEVICES
 from partir.ir.devices import Device
-from partir.ir.specs import did_you_mean
+from partir.ir.messages import did_you_mean, one_of
 from partir.strategies import CATALOG as STRATEGIES
 from partir.strategies import Replicate, Strategy, Tile, replicate, tile
 from partir.strategies.base import conflict

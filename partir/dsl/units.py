@@ -77,7 +77,7 @@ def read(text: str, pos: Pos) -> Quantity:
                 value = round(value)
                 exact = True
             return Quantity(text, value, kind, exact)
-    from partir.ir.specs import did_you_mean
+    from partir.ir.messages import did_you_mean
 
     same_letters = [u for u in UNITS if u.lower() == unit.lower()]  # 32gb: units have case
     hint = (

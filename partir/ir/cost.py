@@ -26,6 +26,7 @@ import numpy as np
 
 from partir.ir import liveness
 from partir.ir.devices import Device
+from partir.ir.messages import fmt_bytes, fmt_seconds
 from partir.ir.program import Program
 from partir.ir.propagate import Axes, Propagator, Sharding, State, join_axes, split_axes
 from partir.ir.rules import Kind
@@ -118,21 +119,6 @@ class Cost:
                     f"{fmt_seconds(self.comm_s_by_kind.get(kind, 0.0))}"
                 )
         return "\n".join(lines)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def fmt_seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.1f} us"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,8 @@ import jax
 import jax.extend as jex
 import numpy as np
 
+from partir.ir.messages import first_line
+
 Path = str
 
 INLINED_CALLS = {
@@ -422,16 +424,6 @@ def _join_scope(outer: str, eqn: Any) -> str:
         own = ""
     parts = [p for p in _TRANSFORM.sub("", f"{outer}/{own}").split("/") if p]
     return "/".join(parts)
-
-
-def first_line(e: BaseException) -> str:
-    """`KeyError: 'tokens'`: an exception's type and the first line of its message."""
-    try:
-        text = str(e).strip()
-    except Exception:  # a user's exception whose __str__ itself fails
-        text = "(its message cannot be shown: str() of it raised)"
-    first = text.splitlines()[0] if text else ""
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 class TraceError(ValueError):

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from jax.sharding import PartitionSpec
 
+from partir.ir.messages import did_you_mean
 from partir.ir.propagate import Sharding
 
 
@@ -122,13 +123,6 @@ def resolve(
             if n == 0 and not any(glob_match(pattern, p) for p in paths):
                 raise PlanError(f"no input matches {pattern!r}{did_you_mean(pattern, paths)}")
     return out
-
-
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def check_sharding(path: str, shape, sharding: Sharding, mesh: Mapping[str, int]) -> None:

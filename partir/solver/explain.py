@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from partir.ir.cost import fmt_bytes, fmt_seconds
 from partir.ir.groups import param_prefix
+from partir.ir.messages import fmt_bytes, fmt_seconds
 
 
 def _where(source: str) -> str:

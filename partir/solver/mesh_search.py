@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from partir.goal import Goal, shared_traces
-from partir.ir.cost import fmt_bytes
+from partir.ir.messages import fmt_bytes
 from partir.ir.specs import PlanError
 from partir.solver.plan import make_plan
 
@@ -219,7 +219,7 @@ def _mesh_str(mesh: dict[str, int]) -> str:
 
 def mesh_rows(plan: Any) -> list[tuple[str, str, str, str]]:
     """(mesh, step, peak, note) per shape tried and round, for a table."""
-    from partir.ir.cost import fmt_seconds
+    from partir.ir.messages import fmt_seconds
 
     out = []
     for r in plan.search.get("meshes", []):

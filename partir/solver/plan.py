@@ -11,19 +11,18 @@ from jax.sharding import PartitionSpec
 
 from partir.goal import Goal
 from partir.ir.cost import Cost
-from partir.ir.heap import paused_gc
+from partir.ir.gc_pause import paused_gc
+from partir.ir.messages import did_you_mean, first_bad_byte
 from partir.ir.propagate import Decision, Sharding, State
 from partir.ir.specs import (
     PlanError,
     check_sharding,
-    did_you_mean,
     resolve,
     spec_from_json,
     spec_to_json,
     to_sharding,
     to_spec,
 )
-from partir.ir.textfile import first_bad_byte
 
 FORMAT = "partir-plan/1"
 

@@ -24,7 +24,8 @@ import dataclasses
 import math
 
 from partir.goal import Goal
-from partir.ir.cost import Cost, fmt_bytes
+from partir.ir.cost import Cost
+from partir.ir.messages import fmt_bytes
 from partir.ir.propagate import State
 from partir.solver import cpsat
 from partir.strategies.compile import AxisProblem, schedule_axes

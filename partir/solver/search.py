@@ -25,8 +25,8 @@ from typing import Any
 
 from partir.goal import Goal
 from partir.ir.cost import Cost
+from partir.ir.gc_pause import paused_gc
 from partir.ir.groups import Action, find_groups, useful_actions
-from partir.ir.heap import paused_gc
 from partir.ir.propagate import State
 from partir.ir.specs import PlanError, to_spec
 from partir.solver import mcts

@@ -6,7 +6,8 @@ import dataclasses
 import itertools
 import math
 
-from partir.ir.cost import KINDS, fmt_bytes
+from partir.ir.cost import KINDS
+from partir.ir.messages import fmt_bytes
 from partir.ir.xla import (
     BufferPeak,
     CompiledStats,

@@ -13,8 +13,9 @@ import dataclasses
 
 from partir.goal import Goal
 from partir.ir.groups import Action, Group
+from partir.ir.messages import did_you_mean
 from partir.ir.propagate import Decision, State
-from partir.ir.specs import PlanError, did_you_mean
+from partir.ir.specs import PlanError
 from partir.strategies.base import AxisContext, Constraints, Strategy, conflict
 from partir.strategies.manual import Replicate, Tile
 

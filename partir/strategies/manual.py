@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from partir.ir.messages import did_you_mean
 from partir.ir.propagate import Decision
-from partir.ir.specs import PlanError, did_you_mean, glob_match
+from partir.ir.specs import PlanError, glob_match
 from partir.strategies.base import AxisContext, Constraints, Strategy
 
 if TYPE_CHECKING:
