@@ -47,17 +47,17 @@ Things worth telling that are not errors (a mesh axis with no block, a memory li
 the device's HBM) go to `Goal.notes` / `GoalSpec.notes`, as `FILE:LINE:COL: note: ...`.
 """
 
+from partir.dsl.checker import parse as parse
 from partir.dsl.compiler import compile_spec as compile_spec
 from partir.dsl.compiler import load_goal as load_goal
 from partir.dsl.compiler import load_goal_text as load_goal_text
 from partir.dsl.errors import GoalError as GoalError
 from partir.dsl.errors import Pos as Pos
-from partir.dsl.spec import AxisSpec as AxisSpec
-from partir.dsl.spec import EntryPoint as EntryPoint
-from partir.dsl.spec import GoalSpec as GoalSpec
-from partir.dsl.spec import ManualSpec as ManualSpec
-from partir.dsl.spec import StrategySpec as StrategySpec
-from partir.dsl.spec import parse as parse
+from partir.dsl.goal_spec import AxisSpec as AxisSpec
+from partir.dsl.goal_spec import EntryPoint as EntryPoint
+from partir.dsl.goal_spec import GoalSpec as GoalSpec
+from partir.dsl.goal_spec import ManualSpec as ManualSpec
+from partir.dsl.goal_spec import StrategySpec as StrategySpec
 
 __all__ = [
     "AxisSpec",

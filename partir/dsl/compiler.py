@@ -16,8 +16,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from partir.dsl.checker import parse
 from partir.dsl.errors import GoalError, Pos, not_utf8
-from partir.dsl.spec import EntryPoint, GoalSpec, ManualSpec, parse
+from partir.dsl.goal_spec import EntryPoint, GoalSpec, ManualSpec
 from partir.goal import Goal
 from partir.ir.messages import did_you_mean, first_line
 from partir.ir.program import arg_names, path_str
