@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from partir.ir import units
 from partir.ir.constraints import constraint_decisions
 from partir.ir.cost import CostModel
 from partir.ir.devices import Device, get_device
@@ -16,25 +16,26 @@ from partir.ir.gc_pause import paused_gc
 from partir.ir.program import Program, TraceError, trace
 from partir.ir.propagate import Propagator
 from partir.ir.specs import glob_match
-
-_UNITS = {
-    "": 1, "B": 1,
-    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-}  # fmt: skip
+from partir.ir.units import UnitError
 
 
 def parse_bytes(x: int | float | str | None) -> int | None:
-    """`32GiB`, `"1.5 TB"`, or a number of bytes."""
+    """A memory limit: a number of bytes, or a size written as goal files write it
+    (`32GiB`, `1.5TB`, `500MB`; `partir.ir.units`)."""
     if x is None:
         return None
+    if isinstance(x, bool):
+        raise ValueError(f"a memory limit is a positive number of bytes, not {x!r}")
     if isinstance(x, int | float):
         value = x
     else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*", x)
-        if not m:
-            raise ValueError(f"cannot read {x!r} as a size; write it like 32GiB or 500MB")
-        value = float(m.group(1)) * _UNITS[m.group(2) or ""]
+        try:
+            q = units.read(x.strip())
+        except UnitError as e:
+            raise ValueError(f"cannot read {x!r} as a size ({e}); write it like 32GiB or 500MB") from None
+        if q.kind not in ("size", "number"):
+            raise ValueError(f"{x!r} is {q.describe()}, not a size; write it like 32GiB or 500MB")
+        value = q.value
     if not 0 < value <= 1e300:  # also nan and inf
         raise ValueError(f"a memory limit is a positive number of bytes, not {x!r}")
     return int(value)

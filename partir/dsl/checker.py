@@ -22,11 +22,11 @@ from partir.dsl.parser import (
     Word,
     parse_statements,
 )
-from partir.dsl.units import Quantity, UnitError, read
 from partir.goal import Search
 from partir.ir.devices import CATALOG as DEVICES
 from partir.ir.devices import Device
 from partir.ir.messages import did_you_mean, one_of
+from partir.ir.units import Quantity, UnitError, read
 from partir.strategies import CATALOG as STRATEGIES
 from partir.strategies import replicate, tile
 from partir.strategies.base import conflict
@@ -184,9 +184,9 @@ class _Builder:
 
     def quantity(self, num: Num) -> Quantity:
         try:
-            return read(num.text, num.pos)
+            return read(num.text)
         except UnitError as e:
-            raise self.error(e.pos, str(e)) from None
+            raise self.error(num.pos.shifted(e.offset), str(e)) from None
 
     def want(self, num: Num, kinds: tuple[str, ...], what: str, example: str) -> Quantity:
         q = self.quantity(num)

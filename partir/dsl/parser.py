@@ -38,7 +38,7 @@ class Str:
 
 @dataclasses.dataclass(frozen=True)
 class Num:
-    """A number token with its unit, read later by `partir.dsl.units.read`."""
+    """A number token with its unit, read later by `partir.ir.units.read`."""
 
     text: str
     pos: Pos
@@ -397,7 +397,7 @@ def _unknown_statement(tok: Token, expected: set[str], source: Source) -> str:
     rest = source.line_text(tok.line)[tok.end_column - 1 :] if tok.end_column else ""
     if "COMMA" in expected and rest.lstrip().startswith("="):
         return f"expected ',' before mesh axis '{tok}'"
-    from partir.dsl.units import UNITS
+    from partir.ir.units import UNITS
 
     hint = did_you_mean(str(tok), STATEMENTS)
     if str(tok) in UNITS:

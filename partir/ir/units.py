@@ -1,4 +1,4 @@
-"""Numbers with units, as goal files write them: `8`, `1e-6`, `32GiB`, `275T`, `50G/s`, `2us`.
+"""Numbers with units, as goal files and the Python API write them: `8`, `1e-6`, `32GiB`, `275T`, `50G/s`, `2us`.
 
 A number's kind comes from its unit: a plain number, a count (`K M G T`, powers of 1000),
 a size in bytes (`B`, `KiB MiB GiB TiB`, `KB MB GB TB`), a rate (a count or size unit
@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 
-from partir.dsl.errors import Pos
+from partir.ir.messages import did_you_mean
 
 COUNT = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 SIZE = {
@@ -27,11 +27,11 @@ _SPLIT = re.compile(r"([+-]?(?:[0-9][0-9_]*(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0
 
 
 class UnitError(ValueError):
-    """A number that cannot be read; `pos` is where the problem starts."""
+    """A number that cannot be read; `offset` is where in its text the problem starts."""
 
-    def __init__(self, message: str, pos: Pos) -> None:
+    def __init__(self, message: str, offset: int = 0) -> None:
         super().__init__(message)
-        self.pos = pos
+        self.offset = offset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,20 +48,20 @@ class Quantity:
                 "rate": "a rate", "time": "a time"}[self.kind]  # fmt: skip
 
 
-def read(text: str, pos: Pos) -> Quantity:
-    """Read a NUMBER token; raises UnitError for an unknown unit or an unusable value."""
+def read(text: str) -> Quantity:
+    """Read a number with its unit; raises UnitError for an unknown unit or an unusable value."""
     m = _SPLIT.fullmatch(text)
     if m is None:  # the grammar's NUMBER and _SPLIT agree; this is a safety net
-        raise UnitError(f"cannot read {text!r} as a number", pos)
+        raise UnitError(f"cannot read {text!r} as a number")
     digits, unit = m.group(1).replace("_", ""), m.group(2)
     if "__" in m.group(1) or m.group(1).endswith("_") or "_." in m.group(1):
-        raise UnitError(f"cannot read {text!r} as a number", pos)
+        raise UnitError(f"cannot read {text!r} as a number")
     if len(digits) > 300:
-        raise UnitError(f"the number {text!r} is too large", pos)
+        raise UnitError(f"the number {text!r} is too large")
     is_int = not any(c in digits for c in ".eE")
     number: int | float = int(digits) if is_int else float(digits)
     if not math.isfinite(number) or abs(number) > 1e300:
-        raise UnitError(f"the number {text!r} is too large", pos)
+        raise UnitError(f"the number {text!r} is too large")
     if unit == "":
         return Quantity(text, number, "number", is_int)
     for kind, table in (("count", COUNT), ("size", SIZE), ("rate", RATE), ("time", TIME)):
@@ -69,7 +69,7 @@ def read(text: str, pos: Pos) -> Quantity:
             factor = table[unit]
             value = number * factor
             if not math.isfinite(value) or abs(value) > 1e300:
-                raise UnitError(f"the number {text!r} is too large", pos)
+                raise UnitError(f"the number {text!r} is too large")
             exact = is_int and isinstance(factor, int)
             if kind == "size" and (factor > 1 or float(value).is_integer()):
                 # a fraction of a KiB or more is rounded to whole bytes; a fraction of a
@@ -77,8 +77,6 @@ def read(text: str, pos: Pos) -> Quantity:
                 value = round(value)
                 exact = True
             return Quantity(text, value, kind, exact)
-    from partir.ir.messages import did_you_mean
-
     same_letters = [u for u in UNITS if u.lower() == unit.lower()]  # 32gb: units have case
     hint = (
         (f"; did you mean '{same_letters[0]}'?" if same_letters else "")
@@ -88,4 +86,4 @@ def read(text: str, pos: Pos) -> Quantity:
             "times like 2us"
         )
     )
-    raise UnitError(f"unknown unit {unit!r} in {text!r}{hint}", pos.shifted(len(m.group(1))))
+    raise UnitError(f"unknown unit {unit!r} in {text!r}{hint}", len(m.group(1)))
