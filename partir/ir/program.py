@@ -18,25 +18,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.extend as jex
 import numpy as np
 
+from partir.ir.jaxpr_walk import (
+    BODY,
+    COND,
+    JaxprWalker,
+    inlined_jaxpr,
+    open_jaxpr,
+    scan_counts,
+)
 from partir.ir.messages import first_line
 
 Path = str
-
-INLINED_CALLS = {
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "checkpoint": "jaxpr",
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "remat2": "jaxpr",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Value:
@@ -208,7 +202,7 @@ def _itemsize(dtype: Any) -> int:
     return np.dtype(dtype).itemsize
 
 
-class _Builder:
+class _Builder(JaxprWalker):
     """Walks a jaxpr, inlining calls and flattening control flow into one op list."""
 
     def __init__(self) -> None:
@@ -253,56 +247,33 @@ class _Builder:
         return self.new_value(jax.ShapeDtypeStruct(np.shape(x), x.dtype))
 
     def run(
-        self,
-        jaxpr: Any,
-        consts: Sequence[Any],
-        args: Sequence[int | None],
-        mult: int,
-        prefix: tuple = (),
-        scope: str = "",
-    ) -> list[int]:
+        self, jaxpr: Any, consts: Sequence[Any], args: Sequence[int | None], prefix: tuple = (),
+        *, mult: int, scope: str = "",
+    ) -> list[int]:  # fmt: skip
         """Emit the ops of `jaxpr` with its invars bound to `args`; return the outvar ids.
+        Each equation's outputs are recorded under its key (`ir/jaxpr_walk.py`). `scope` is
+        the name stack of the equation that holds `jaxpr` (its own is relative)."""
+        return super().run(jaxpr, consts, args, prefix, mult=mult, scope=scope)
 
-        Each equation is keyed by `prefix + (index,)`, so a replay of the same jaxprs
-        (plan.jit's interpreter) finds the value ids of every equation's outputs. `scope`
-        is the name stack of the equation that holds `jaxpr` (its own is relative)."""
-        env: dict[Any, int | None] = {}
-        for var, c in zip(jaxpr.constvars, consts):
-            env[var] = self.constant(c)
-        for var, a in zip(jaxpr.invars, args):
-            env[var] = a
+    def literal(self, atom: Any) -> None:
+        return None
 
-        def read(atom: Any) -> int | None:
-            if isinstance(atom, jex.core.Literal):
-                return None
-            return env[atom]
-
-        for n, eqn in enumerate(jaxpr.eqns):
-            ins = [read(a) for a in eqn.invars]
-            key = prefix + (n,)
-            outs = self.equation(eqn, ins, mult, key, _join_scope(scope, eqn))
-            self.eqn_outputs[key] = outs
-            for var, vid in zip(eqn.outvars, outs):
-                env[var] = vid
-        results = []
-        for atom in jaxpr.outvars:
-            vid = read(atom)
-            if vid is None:  # a literal output: give it a value of its own
-                vid = self.new_value(atom.aval)
-            results.append(vid)
-        return results
+    def result(self, vid: int | None, atom: Any) -> int:
+        return self.new_value(atom.aval) if vid is None else vid  # a literal: a value of its own
 
     def equation(
-        self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str = ""
+        self, eqn: Any, ins: list[int | None], key: tuple, *, mult: int, scope: str = ""
     ) -> list[int]:
+        scope = _join_scope(scope, eqn)
+        outs = self._emit(eqn, ins, mult, key, scope)
+        self.eqn_outputs[key] = outs
+        return outs
+
+    def _emit(self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str) -> list[int]:
         name = eqn.primitive.name
-        if name in INLINED_CALLS:
-            inner = eqn.params.get(INLINED_CALLS[name])
-            if inner is None:
-                inner = next(iter(jex.core.jaxprs_in_params(eqn.params)), None)
-            if inner is not None:
-                jaxpr, consts = _open(inner)
-                return self.run(jaxpr, consts, ins, mult, key, scope)
+        inlined = inlined_jaxpr(eqn)
+        if inlined is not None:
+            return self.run(*inlined, ins, key, mult=mult, scope=scope)
         if name == "scan":
             return self.scan(eqn, ins, mult, key, scope)
         if name == "while":
@@ -333,7 +304,7 @@ class _Builder:
         self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str = ""
     ) -> list[int]:
         p = eqn.params
-        jaxpr, consts = _open(p["jaxpr"])
+        jaxpr, consts = open_jaxpr(p["jaxpr"])
         nc, nk = scan_counts(p)
         inner = mult * int(p["length"])
         avals = [v.aval for v in jaxpr.invars]
@@ -342,7 +313,7 @@ class _Builder:
             + self._bind_inputs(ins[nc : nc + nk], avals[nc : nc + nk], "carry", mult)
             + self._bind_inputs(ins[nc + nk :], avals[nc + nk :], "xs", inner, offset=1)
         )
-        body_out = self.run(jaxpr, consts, body_in, inner, key + ("body",), scope)
+        body_out = self.run(jaxpr, consts, body_in, key + (BODY,), mult=inner, scope=scope)
         for out, carry_in in zip(body_out[:nk], body_in[nc : nc + nk]):
             self.link(out, carry_in, "carry", inner)
         outs = [self.new_value(v.aval) for v in eqn.outvars]
@@ -356,8 +327,8 @@ class _Builder:
         self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str = ""
     ) -> list[int]:
         p = eqn.params
-        cjaxpr, cconsts = _open(p["cond_jaxpr"])
-        bjaxpr, bconsts = _open(p["body_jaxpr"])
+        cjaxpr, cconsts = open_jaxpr(p["cond_jaxpr"])
+        bjaxpr, bconsts = open_jaxpr(p["body_jaxpr"])
         nc, nb = p["cond_nconsts"], p["body_nconsts"]
         carry = ins[nc + nb :]
         cavals = [v.aval for v in cjaxpr.invars]
@@ -365,8 +336,10 @@ class _Builder:
         cond_in = self._bind_inputs(ins[:nc], cavals[:nc], "const", mult)
         body_consts = self._bind_inputs(ins[nc : nc + nb], bavals[:nb], "const", mult)
         body_carry = self._bind_inputs(carry, bavals[nb:], "carry", mult)
-        self.run(cjaxpr, cconsts, cond_in + body_carry, mult, key + ("cond",), scope)
-        body_out = self.run(bjaxpr, bconsts, body_consts + body_carry, mult, key + ("body",), scope)
+        self.run(cjaxpr, cconsts, cond_in + body_carry, key + (COND,), mult=mult, scope=scope)
+        body_out = self.run(
+            bjaxpr, bconsts, body_consts + body_carry, key + (BODY,), mult=mult, scope=scope
+        )
         outs = [self.new_value(v.aval) for v in eqn.outvars]
         for out, carry_in, res in zip(body_out, body_carry, outs):
             self.link(out, carry_in, "carry", mult)
@@ -378,29 +351,11 @@ class _Builder:
     ) -> list[int]:
         outs = [self.new_value(v.aval) for v in eqn.outvars]
         for b, branch in enumerate(eqn.params["branches"]):
-            jaxpr, consts = _open(branch)
+            jaxpr, consts = open_jaxpr(branch)
             bound = self._bind_inputs(ins[1:], [v.aval for v in jaxpr.invars], "operand", mult)
-            for out, res in zip(self.run(jaxpr, consts, bound, mult, key + (b,), scope), outs):
+            for out, res in zip(self.run(jaxpr, consts, bound, key + (b,), mult=mult, scope=scope), outs):
                 self.link(out, res, "branch", mult)
         return outs
-
-
-def _open(j: Any) -> tuple[Any, Sequence[Any]]:
-    """(Jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
-    if isinstance(j, jex.core.ClosedJaxpr):
-        return j.jaxpr, j.consts
-    return j, ()
-
-
-def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
-    """(constants, carried values) of a scan equation: the leading operands of its body.
-
-    jax < 0.11 names them num_consts/num_carry; jax 0.11 packs the operand tree as ft_in
-    (constants, carry, xs)."""
-    if "num_consts" in params:
-        return params["num_consts"], params["num_carry"]
-    consts, carry, _ = params["ft_in"].unpack()
-    return len(list(consts.vals)), len(list(carry.vals))
 
 
 def _source(eqn: Any) -> str:
@@ -459,7 +414,7 @@ def trace(fn: Callable, args: Sequence[Any], *, names: Sequence[str] | None = No
             f"traced {len(jaxpr.invars)} array inputs but the args hold {len(in_paths)} leaves"
         )
     in_ids = [b.new_value(v.aval) for v in jaxpr.invars]
-    out_ids = b.run(jaxpr, closed.consts, in_ids, 1)
+    out_ids = b.run(jaxpr, closed.consts, in_ids, mult=1)
     inputs = dict(zip(in_paths, in_ids))
     outputs = dict(zip(out_paths, out_ids))
     carried = find_carried(inputs, outputs, b.values)

@@ -28,14 +28,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.extend as jex
 from jax._src import linear_util as lu
 from jax._src.interpreters import partial_eval as pe
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from partir.ir.constraints import CONSTRAINT_PRIMITIVES
+from partir.ir.jaxpr_walk import BODY, COND, JaxprWalker, inlined_jaxpr, open_jaxpr, scan_counts
 from partir.ir.liveness import free_values
-from partir.ir.program import INLINED_CALLS, _open, scan_counts
 from partir.ir.specs import PlanError, to_spec
 
 
@@ -125,7 +124,7 @@ def _constrainable(x: Any) -> bool:
     return getattr(x, "ndim", 0) >= 1 and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)
 
 
-class _Replay:
+class _Replay(JaxprWalker):
     """Runs a jaxpr equation by equation, constraining outputs to the plan's shardings:
     every equation's with `constrain_all`, else only the user's honoured constraints.
     `operand_specs` (see `_operand_specs`) also constrains operands that the plan
@@ -166,28 +165,13 @@ class _Replay:
             res.append(x)
         return res
 
-    def run(self, jaxpr, consts, args, prefix: tuple) -> list:
-        env: dict = {}
-        for var, c in zip(jaxpr.constvars, consts):
-            env[var] = c
-        for var, a in zip(jaxpr.invars, args):
-            env[var] = a
+    def equation(self, eqn, ins, key) -> list:
+        outs = self._replay(eqn, ins, key)
+        if not isinstance(outs, list | tuple):
+            outs = [outs]
+        return self.constrain(key, list(outs), eqn)
 
-        def read(atom):
-            return atom.val if isinstance(atom, jex.core.Literal) else env[atom]
-
-        for n, eqn in enumerate(jaxpr.eqns):
-            key = prefix + (n,)
-            ins = [read(a) for a in eqn.invars]
-            outs = self.equation(eqn, ins, key)
-            if not isinstance(outs, list | tuple):
-                outs = [outs]
-            outs = self.constrain(key, list(outs), eqn)
-            for var, x in zip(eqn.outvars, outs):
-                env[var] = x
-        return [read(a) for a in jaxpr.outvars]
-
-    def equation(self, eqn, ins, key):
+    def _replay(self, eqn, ins, key):
         name = eqn.primitive.name
         p = eqn.params
         if name in REMAT_CALLS:
@@ -196,22 +180,18 @@ class _Replay:
             return self.custom(eqn, ins, key)
         if name == "shard_map":
             return self.shard_map(eqn, ins)
-        if name in INLINED_CALLS:
-            inner = p.get(INLINED_CALLS[name])
-            if inner is None:
-                inner = next(iter(jex.core.jaxprs_in_params(p)), None)
-            if inner is not None:
-                jaxpr, consts = _open(inner)
-                return self.run(jaxpr, consts, ins, key)
+        inlined = inlined_jaxpr(eqn)
+        if inlined is not None:
+            return self.run(*inlined, ins, key)
         if name in CONSTRAINT_PRIMITIVES:  # the user's constraint: partir's takes its place
             return list(ins)
         if name == "scan":
-            jaxpr, consts = _open(p["jaxpr"])
+            jaxpr, consts = open_jaxpr(p["jaxpr"])
             nc, nk = scan_counts(p)
             c, init, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
 
             def body(carry, x):
-                outs = self.run(jaxpr, consts, list(c) + list(carry) + list(x), key + ("body",))
+                outs = self.run(jaxpr, consts, list(c) + list(carry) + list(x), key + (BODY,))
                 return outs[:nk], outs[nk:]
 
             carry, ys = jax.lax.scan(
@@ -220,22 +200,22 @@ class _Replay:
             )  # fmt: skip
             return list(carry) + list(ys)
         if name == "while":
-            cj, cc = _open(p["cond_jaxpr"])
-            bj, bc = _open(p["body_jaxpr"])
+            cj, cc = open_jaxpr(p["cond_jaxpr"])
+            bj, bc = open_jaxpr(p["body_jaxpr"])
             nc, nb = p["cond_nconsts"], p["body_nconsts"]
             cconsts, bconsts, init = ins[:nc], ins[nc : nc + nb], ins[nc + nb :]
 
             def cond_fun(carry):
-                return self.run(cj, cc, list(cconsts) + list(carry), key + ("cond",))[0]
+                return self.run(cj, cc, list(cconsts) + list(carry), key + (COND,))[0]
 
             def body_fun(carry):
-                return self.run(bj, bc, list(bconsts) + list(carry), key + ("body",))
+                return self.run(bj, bc, list(bconsts) + list(carry), key + (BODY,))
 
             return list(jax.lax.while_loop(cond_fun, body_fun, list(init)))
         if name == "cond":
             branches = []
             for b, br in enumerate(p["branches"]):
-                jaxpr, consts = _open(br)
+                jaxpr, consts = open_jaxpr(br)
 
                 def run_branch(*ops, _j=jaxpr, _c=consts, _b=b):
                     return self.run(_j, _c, list(ops), key + (_b,))
@@ -255,7 +235,7 @@ class _Replay:
         """A checkpoint region, re-bound around its replayed body with the same policy,
         `prevent_cse` and `differentiated`: inlined, XLA's CSE merged the recompute back."""
         p = eqn.params
-        jaxpr, consts = _open(p["jaxpr"])
+        jaxpr, consts = open_jaxpr(p["jaxpr"])
         body, body_consts = _trace(lambda *a: self.run(jaxpr, consts, list(a), key), eqn.invars)
         prevent_cse = p["prevent_cse"]
         if not isinstance(prevent_cse, bool):  # one flag per operand: the consts come first
@@ -266,7 +246,7 @@ class _Replay:
     def custom(self, eqn, ins, key) -> list:
         """A custom_jvp / custom_vjp call, re-bound with its primal replayed and its own
         jvp (or fwd and bwd) rules kept: inlined, JAX differentiated the primal instead."""
-        jaxpr, consts = _open(eqn.params["call_jaxpr"])
+        jaxpr, consts = open_jaxpr(eqn.params["call_jaxpr"])
         subfuns, params = _bind_params(eqn.primitive, eqn.params)
         primal = lu.wrap_init(
             lambda *a: self.run(jaxpr, consts, list(a), key), debug_info=subfuns[0].debug_info
