@@ -194,11 +194,40 @@ def test_linen_logical_plan_reads_back_as_logical_axis_rules():
     assert "params/layers/query/kernel" in goal.program.inputs  # scanned: one stacked weight
     plan = partir.solve(goal, baselines=False)
     check_plan(goal, plan)
-    rules, differ = recipe.logical_axis_rules(plan, logical)
-    assert not differ and recipe.rules_give_back(plan, logical, rules)
+    rules = plan.logical_axis_rules(logical)
+    assert recipe.rules_give_back(plan, logical, rules)
     assert dict(rules)["activation_batch"] == "batch" and dict(rules)["mlp"] == "model"
     check_on_initialised_state(goal, plan, args)
     assert_rules_give_back(plan)
+
+
+def test_logical_axis_rules_refuse_a_name_sharded_two_ways():
+    recipe = example("linen_logical")
+    fn, args, logical = recipe.train_step_and_args()
+    goal = goal_for(fn, args)
+    embed = goal.program.inputs  # tile one 'embed' dim only: no rule list gives that back
+    plan = partir.plan(goal, {"params/layers/query/kernel": P(None, "model")})
+    assert "params/token_embedder/embedding" in embed
+    with pytest.raises(partir.PlanError, match="logical axis 'embed' is sharded two ways"):
+        plan.logical_axis_rules(logical)
+    rules = dict(plan.logical_axis_rules(logical, strict=False))
+    assert rules["embed"] is None  # most of embed's bytes are whole
+
+
+def test_partitioned_boxes_the_params_with_the_plans_mesh_axes():
+    import flax.linen as nn
+
+    recipe = example("linen_logical")
+    fn, args, _ = recipe.train_step_and_args()
+    goal = goal_for(fn, args)
+    plan = partir.plan(goal, {"params/layers/wi/kernel": P(None, None, "model")})
+    boxed = plan.partitioned(args[0])
+    assert boxed["layers"]["wi"]["kernel"].names == (None, None, "model")
+    assert boxed["decoder_norm"]["scale"].names == (None,)
+    specs = nn.get_partition_spec(boxed)
+    assert specs["layers"]["wi"]["kernel"] == P(None, None, "model")
+    with pytest.raises(partir.PlanError, match="pass the argument the program was planned with"):
+        plan.partitioned(args[2])
 
 
 # -- Haiku --------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ MaxText (and T5X before it) names every parameter dim with a logical axis
 (`nn.with_logical_partitioning(init, ("embed", "mlp"))`) and every activation too
 (`nn.with_logical_constraint(x, ("activation_batch", ...))`), and a `logical_axis_rules`
 list maps those names to mesh axes. This script plans a small decoder written that way,
-reads the plan back as one mesh axis per logical name, checks that Flax's own
+reads the plan back as one mesh axis per logical name (`plan.logical_axis_rules`), checks that Flax's own
 `nn.logical_to_mesh` of those rules gives back the plan's specs, and runs the step under
 the rules with Flax's shardings, beside `plan.jit` and the unsharded step.
 
@@ -12,8 +12,6 @@ the rules with Flax's shardings, beside `plan.jit` and the unsharded step.
 """
 
 from __future__ import annotations
-
-import collections
 
 import flax.linen as nn
 import jax
@@ -120,35 +118,6 @@ def train_step_and_args(*, batch=16, seq=32, seed=0, **model):
     return train_step, (params, tx.init(params), data), logical
 
 
-Entry = str | tuple[str, ...] | None
-
-
-def _entry(spec: P, dim: int) -> Entry:
-    e = spec[dim] if dim < len(spec) else None
-    if isinstance(e, str) or not e:
-        return e or None
-    return e[0] if len(e) == 1 else tuple(e)
-
-
-def logical_axis_rules(plan, logical) -> tuple[list[tuple[str, Entry]], dict[str, list]]:
-    """One `(logical name, mesh axes)` rule per name, the mesh axes the plan gives most of
-    the dims so named (in the order the names first appear), and {name: [(path, mesh
-    axes)]} for the dims where the plan differs from its rule."""
-    specs = jax.tree_util.tree_leaves(logical, is_leaf=lambda x: isinstance(x, P))
-    seen: dict[str, list[tuple[str, Entry]]] = {}
-    for path, names in zip(plan.goal.program.inputs, specs, strict=True):
-        for dim, name in enumerate(names):
-            if name is not None:
-                seen.setdefault(name, []).append((path, _entry(plan.specs[path], dim)))
-    rules, differ = [], {}
-    for name, uses in seen.items():
-        axes = collections.Counter(e for _, e in uses).most_common(1)[0][0]
-        rules.append((name, axes))
-        if others := [(p, e) for p, e in uses if e != axes]:
-            differ[name] = others
-    return rules, differ
-
-
 def rules_give_back(plan, logical, rules) -> bool:
     """Whether Flax's own `nn.logical_to_mesh` of `rules` gives every input its plan spec."""
     mesh_specs = nn.logical_to_mesh(logical, rules)
@@ -157,7 +126,11 @@ def rules_give_back(plan, logical, rules) -> bool:
 
 
 def _same(a: P, b: P) -> bool:
-    return all(_entry(a, d) == _entry(b, d) for d in range(max(len(a), len(b))))
+    def entry(spec: P, dim: int):
+        e = spec[dim] if dim < len(spec) else None
+        return (e,) if isinstance(e, str) else tuple(e or ())
+
+    return all(entry(a, d) == entry(b, d) for d in range(max(len(a), len(b))))
 
 
 def main() -> None:
@@ -173,13 +146,11 @@ def main() -> None:
     check_plan(goal, plan)
     print(plan)
 
-    rules, differ = logical_axis_rules(plan, logical)
+    rules = plan.logical_axis_rules(logical)  # a PlanError names any dims it cannot give back
     print("logical_axis_rules = [")
     for name, axes in rules:
         print(f"    ({name!r}, {axes!r}),")
     print("]")
-    for name, uses in differ.items():  # then the path rules below are the exact plan
-        print(f"# {name!r} differs from its rule on {len(uses)} dims, e.g. {uses[0]}")
     print("Flax's logical_to_mesh of these rules gives back the plan's specs:",
           rules_give_back(plan, logical, rules))  # fmt: skip
 

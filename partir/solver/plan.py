@@ -102,6 +102,21 @@ class Plan:
         Applying the rules in order gives back exactly this plan's input specs."""
         return [(p, to_spec(s)) for p, s in partition_rules(self.in_shardings)]
 
+    def logical_axis_rules(self, logical, *, strict: bool = True) -> list[tuple[str, Any]]:
+        """This plan as MaxText/T5X `logical_axis_rules`, for args whose dims carry the
+        logical names in `logical` (an args-shaped pytree of PartitionSpecs of names, as
+        `nn.get_partition_spec` gives); see `partir.solver.logical_rules`."""
+        from partir.solver.logical_rules import logical_axis_rules
+
+        return logical_axis_rules(self, logical, strict=strict)
+
+    def partitioned(self, tree, argument: int = 0):
+        """Argument `argument`'s pytree (e.g. the params) boxed in Flax's `nn.Partitioned`
+        with this plan's mesh axes (needs flax)."""
+        from partir.solver.logical_rules import partitioned
+
+        return partitioned(self, tree, argument)
+
     def rules_source(self, filename: str = "rules.py") -> str:
         """`to_rules()` as a Python module (or JSON, for a `.json` filename): `RULES`, plus
         `spec_for(path)` and `tree_specs(tree, prefix)` that apply them without partir."""

@@ -40,7 +40,7 @@ def looks_like_tree(specs: Any, args: Sequence[Any]) -> bool:
     if len(specs) != len(args):
         return False
     try:
-        _walk(tuple(specs), tuple(args), [], (), ())
+        match_tree(tuple(specs), tuple(args), [], (), ())
     except PlanError:
         return False
     return True
@@ -66,10 +66,10 @@ def _children(x: Any) -> tuple[list, Any]:
     return [(kp[0], c) for kp, c in pairs], treedef
 
 
-def _walk(spec: Any, arg: Any, out: list, keys: tuple, names: Sequence[str]) -> None:
+def match_tree(spec: Any, arg: Any, out: list, keys: tuple, names: Sequence[str]) -> None:
     """Append (key path, spec leaf, number of array leaves it covers) in flatten order;
     `names`: the function's parameter names, for the paths in messages."""
-    where = lambda: _display(keys, names)  # noqa: E731
+    where = lambda: display_keys(keys, names)  # noqa: E731
     if _is_spec(spec):
         out.append((keys, spec, len(jax.tree_util.tree_leaves(arg))))
         return
@@ -94,10 +94,10 @@ def _walk(spec: Any, arg: Any, out: list, keys: tuple, names: Sequence[str]) -> 
             "prefix of them (one spec for a whole subtree)"
         )
     for (k, s), (_, a) in zip(s_children, a_children):
-        _walk(s, a, out, keys + (k,), names)
+        match_tree(s, a, out, keys + (k,), names)
 
 
-def _display(keys: tuple, names: Sequence[str]) -> str:
+def display_keys(keys: tuple, names: Sequence[str]) -> str:
     """A key path as partir names inputs: `params/layers/0/w`."""
     if not keys:
         return "the args"
@@ -120,7 +120,7 @@ def rules_of_tree(goal: Any, specs: Any) -> dict[str, PartitionSpec]:
     if isinstance(specs, list) and len(specs) == len(args):
         specs = tuple(specs)
     found: list = []
-    _walk(specs, args, found, (), prog.arg_names)
+    match_tree(specs, args, found, (), prog.arg_names)
     paths = list(prog.inputs)
     rules: dict[str, PartitionSpec] = {}
     k = 0
@@ -147,7 +147,7 @@ def _spec_of(leaf: Any, goal: Any, keys: tuple) -> PartitionSpec:
     if isinstance(leaf, NamedSharding):
         theirs = {str(a): int(s) for a, s in leaf.mesh.shape.items()}
         if theirs != goal.mesh:
-            where = _display(keys, goal.program.arg_names)
+            where = display_keys(keys, goal.program.arg_names)
             raise PlanError(
                 f"{where}: the NamedSharding is on mesh {theirs}, the goal's mesh is "
                 f"{goal.mesh}; build it on the goal's mesh, or pass its .spec"
