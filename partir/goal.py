@@ -15,7 +15,7 @@ from partir.ir.devices import Device, get_device
 from partir.ir.gc_pause import paused_gc
 from partir.ir.program import Program, TraceError, trace
 from partir.ir.propagate import Propagator
-from partir.ir.specs import glob_match
+from partir.ir.specs import PlanError, glob_match
 from partir.ir.units import UnitError
 
 
@@ -225,8 +225,16 @@ class Goal:
         self.honour_constraints = honour_constraints
         self.filename = filename
         self.notes = list(notes)  # things a report should tell the user (an unused axis...)
-        # set by goal files: (statement, message) -> the error at that statement's place
-        self.statement_error: Callable[[str, str], Exception] | None = None
+        # set by goal files: (statement, message) -> the error at that statement's place; the
+        # statement is "program", "inputs" or one of the schedule's strategies
+        self.statement_error: Callable[[Any, str], Exception] | None = None
+
+    def strategy_error(self, strategy: Any, message: str) -> Exception:
+        """A PlanError about one strategy of the schedule, at its statement in the goal file
+        (FILE:LINE:COL) when the goal came from one."""
+        if self.statement_error is None:
+            return PlanError(message)
+        return self.statement_error(strategy, message)
 
     @property
     def num_devices(self) -> int:

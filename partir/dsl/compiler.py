@@ -76,10 +76,22 @@ def compile_spec(spec: GoalSpec, base_dir: str | None = None) -> Goal:
     except ValueError as e:  # the spec checks should have caught it; still say where
         raise spec.error(spec.positions.get("program", Pos()), first_line(e)) from None
     # tracing happens later: its errors are reported at the program statement
-    goal.statement_error = lambda key, message: spec.error(
-        getattr(spec, key).pos if key in ("program", "inputs") else Pos(), message
-    )
+    goal.statement_error = lambda key, message: spec.error(_statement_pos(spec, key), message)
     return goal
+
+
+def _statement_pos(spec: GoalSpec, key: Any) -> Pos:
+    """Where the goal file writes `key`: "program", "inputs", or a strategy of its schedule."""
+    if key in ("program", "inputs"):
+        return getattr(spec, key).pos
+    for block in spec.axes:
+        for s in block.strategies:
+            if s.strategy == key:
+                return s.pos
+    for m in spec.manual:
+        if m.strategy == key:
+            return m.path_pos
+    return Pos()
 
 
 # ------------------------------------------------------------------------------ imports

@@ -28,7 +28,7 @@ from partir.ir.cost import Cost
 from partir.ir.gc_pause import paused_gc
 from partir.ir.groups import Action, find_groups, useful_actions
 from partir.ir.propagate import State
-from partir.ir.specs import PlanError, to_spec
+from partir.ir.specs import to_spec
 from partir.solver import mcts
 from partir.solver.plan import Plan, input_decisions
 from partir.solver.proxy import Proxy, extrapolate, make_proxy
@@ -39,6 +39,7 @@ from partir.strategies.compile import (
     compile_axis,
     manual_decisions,
     schedule_axes,
+    tile_of,
     zero_decisions,
 )
 
@@ -340,8 +341,9 @@ def _solve(
             other = ("the program's own sharding constraint (its with_sharding_constraint or "
                      "reshard, honoured first); drop the tile statement, or write "
                      "`constraints ignore` to let it win")  # fmt: skip
-        raise PlanError(
-            f"tile {prog.input_paths[d.value]} dim {d.dim} on {d.axis!r} conflicts with {other}"
+        raise goal.strategy_error(
+            tile_of(goal, d),
+            f"tile {prog.input_paths[d.value]} dim {d.dim} on {d.axis!r} conflicts with {other}",
         )
     if proxy is not None:
         for v in views:

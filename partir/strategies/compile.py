@@ -15,7 +15,7 @@ from partir.goal import Goal
 from partir.ir.groups import Action, Group
 from partir.ir.messages import did_you_mean
 from partir.ir.propagate import Decision, State
-from partir.ir.specs import PlanError
+from partir.ir.specs import PlanError, glob_match
 from partir.strategies.base import AxisContext, Constraints, Strategy, conflict
 from partir.strategies.manual import Replicate, Tile
 
@@ -49,21 +49,32 @@ def manual_decisions(goal: Goal) -> list[Decision]:
     return [d for s in goal.schedule if isinstance(s, Tile) for d in s.decisions(goal)]
 
 
+def tile_of(goal: Goal, d: Decision) -> Tile | None:
+    """The tile statement that made manual decision `d`."""
+    path = goal.program.input_paths[d.value]
+    return next((s for s in goal.schedule if isinstance(s, Tile) and s.axis == d.axis
+                 and s.dim == d.dim and glob_match(s.path, path)), None)  # fmt: skip
+
+
 def compile_axis(
     goal: Goal, axis: str, state: State, groups: list[Group], priority: int
 ) -> AxisProblem:
     """The constraints of every strategy on `axis`, relative to `state` (earlier axes)."""
     strategies = [s for s in goal.schedule if s.axis == axis]
-    why = conflict(strategies)
-    if why is not None:
-        raise PlanError(why)
+    for k, s in enumerate(strategies):
+        why = conflict(strategies[: k + 1])
+        if why is not None:
+            raise goal.strategy_error(s, why)
     ctx = AxisContext(goal, axis, state, groups)
     own = [s.constrain(ctx, priority + k) for k, s in enumerate(strategies)]
     combined = Constraints()
     for c in own:
         combined += c
     for s, c in zip(strategies, own):
-        s.check(ctx, c, combined)
+        try:
+            s.check(ctx, c, combined)
+        except PlanError as e:
+            raise goal.strategy_error(s, str(e)) from None
     forbidden = combined.forbidden
     actions = [a for a in combined.actions if not forbidden & set(a.values)]
     required = [d for d in combined.required if d.value not in forbidden]
