@@ -175,6 +175,7 @@ def cmd_solve(args) -> int:
             console.print(
                 f"memory: {fmt_bytes(plan.cost.peak_memory_bytes)} peak per device (estimate) "
                 f"against a limit of {fmt_bytes(goal.memory_limit)}"
+                + (f" ({goal.memory_limit_source})" if goal.memory_limit_source != "the goal" else "")
             )
     if not plan.cost.fits:
         message = (

@@ -212,7 +212,12 @@ class Goal:
         self.jax_mesh, self.mesh = read_mesh(mesh)
         self.devices = check_devices(self.mesh, devices)
         self.device = get_device(device) if isinstance(device, str) else device
+        # no limit given: the device's HBM, so the search never prefers a plan that cannot run
         self.memory_limit = parse_bytes(memory_limit)
+        self.memory_limit_source = "the goal" if memory_limit is not None else (
+            f"the {self.device.name} HBM")
+        if self.memory_limit is None:
+            self.memory_limit = self.device.hbm
         if objective not in ("time", "memory", "comm"):
             raise ValueError(f"objective must be 'time', 'memory' or 'comm', not {objective!r}")
         self.objective = objective

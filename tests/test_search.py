@@ -439,3 +439,21 @@ def test_a_plan_file_is_refused_by_a_goal_that_now_replicates_what_it_tiles():
                                   st.replicate("params/**", "model")])  # fmt: skip
     with pytest.raises(PlanError, match="a replicate statement of the goal keeps whole"):
         partir.Plan.from_json(plan.to_json(), stricter)
+
+
+def test_without_a_memory_statement_the_devices_hbm_is_the_limit():
+    """A weight that fits no device replicated (8 GiB, its gradient and the update beside it,
+    on a 16 GiB device): with no limit given, auto must still shard it."""
+
+    def step(w, x):
+        g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+        return w - 1e-3 * g
+
+    args = (jax.ShapeDtypeStruct((2**15, 2**16), jnp.float32),
+            jax.ShapeDtypeStruct((64, 2**15), jnp.float32))  # fmt: skip
+    goal = partir.Goal(step, args, {"x": 8}, device="cpu", schedule=[st.auto("x")],
+                       search=partir.Search(seed=0, episodes=30))  # fmt: skip
+    assert goal.memory_limit == 16 * 2**30 and goal.memory_limit_source == "the cpu HBM"
+    plan = partir.solve(goal, baselines=False)
+    assert plan.cost.fits and plan.cost.peak_memory_bytes <= 16 * 2**30
+    assert "x" in str(plan.specs["w"])

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import pytest
 
+import partir
 from partir import strategies as S
 from partir.strategies.base import conflict
 
@@ -35,3 +38,36 @@ def test_conflicts_say_what_to_change():
     assert conflict([S.batch("a"), S.zero("a")]) is None
     assert conflict([S.tile("x", 0, "a"), S.tile("y", 1, "a")]) is None
     assert conflict([S.replicate("x", "a"), S.replicate("y", "a")]) is None
+
+
+def _moe_step(params, x):
+    """A MaxText-named MoE block: nothing in its paths says `moe` or `experts`."""
+
+    def loss(p):
+        h = jax.nn.relu(jnp.einsum("ecd,edf->ecf", x, p["MoeBlock_0"]["wi_0"]))
+        return jnp.sum(jnp.einsum("ecf,efd->ecd", h, p["MoeBlock_0"]["wo"]) ** 2)
+
+    g = jax.grad(loss)(params)
+    return jax.tree_util.tree_map(lambda w, d: w - 1e-3 * d, params, g)
+
+
+def _moe_args(experts=4):
+    f32 = jnp.float32
+    params = {"MoeBlock_0": {"wi_0": jax.ShapeDtypeStruct((experts, 16, 32), f32),
+                             "wo": jax.ShapeDtypeStruct((experts, 32, 16), f32)}}  # fmt: skip
+    return params, jax.ShapeDtypeStruct((experts, 8, 16), f32)
+
+
+def test_expert_finds_moe_weights_by_structure():
+    goal = partir.Goal(_moe_step, _moe_args(), {"expert": 4}, schedule=[S.expert("expert")],
+                       search=partir.Search(seed=0, episodes=5))  # fmt: skip
+    plan = partir.solve(goal, baselines=False)
+    assert plan.specs["params/MoeBlock_0/wi_0"][0] == "expert"
+    assert plan.specs["params/MoeBlock_0/wo"][0] == "expert"
+
+
+def test_expert_that_tiles_nothing_says_so():
+    goal = partir.Goal(_moe_step, _moe_args(experts=3), {"expert": 2},
+                       schedule=[S.expert("expert")])  # fmt: skip
+    with pytest.raises(partir.PlanError, match="finds no mixture-of-experts weight"):
+        partir.solve(goal, baselines=False)

@@ -168,3 +168,35 @@ def matmul_operands(prog: Program) -> set[int]:
                             seen.add(w)
                             frontier.append(w)
     return out
+
+
+def expert_dims(prog: Program) -> dict[int, int]:
+    """{input: its experts dim}, found by structure: an input whose dim is a batch dim of a
+    dot_general it reaches through dtype converts and copies (a scanned layer stack reaches
+    it through the loop, one dim further in), as `einsum("ecd,edf->ecf", x, w)` does."""
+    through = {"convert_element_type", "copy"}
+    out: dict[int, int] = {}
+    for vid in prog.inputs.values():
+        frontier, seen = [(vid, 0)], {vid}
+        while frontier and vid not in out:
+            v, shift = frontier.pop()
+            for i in prog.users[v]:
+                op = prog.ops[i]
+                if op.primitive == "dot_general":
+                    (_, _), (lb, rb) = op.params["dimension_numbers"]
+                    batch = [d for k, d in ((0, lb), (1, rb)) if op.inputs[k] == v for d in d]
+                    if batch:
+                        out[vid] = batch[0] + shift
+                        break
+                    continue
+                if op.primitive in through:
+                    nxt = [(w, shift) for w in op.outputs]
+                elif op.primitive == "_link" and op.inputs[0] == v and op.params["kind"] == "xs":
+                    nxt = [(op.inputs[1], shift + op.params["offset"])]
+                else:
+                    continue
+                for w, s in nxt:
+                    if w not in seen:
+                        seen.add(w)
+                        frontier.append((w, s))
+    return out

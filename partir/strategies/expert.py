@@ -1,12 +1,18 @@
-"""`expert`: expert parallelism for mixture-of-experts layers. The experts dim (dim 0) of
-every MoE weight (rank >= 3, a path with `moe` or `experts` in it) is tiled on the axis
-where the axis divides it and no earlier axis tiles it."""
+"""`expert`: expert parallelism for mixture-of-experts layers. The experts dim of every MoE
+weight is tiled on the axis, where the axis divides it and no earlier axis tiles it. A MoE
+weight is found by structure: a parameter whose dim is a batch dim of a matmul
+(`einsum("ecd,edf->ecf", x, w)`, `ir.groups.expert_dims`; in a scanned layer stack, one dim
+further in); or by name: rank >= 3 with `moe` or `experts` in its path (dim 0). An expert
+axis that finds no such weight is an error, not a no-op.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
+from partir.ir.groups import expert_dims
 from partir.ir.propagate import Decision
+from partir.ir.specs import PlanError
 from partir.strategies.base import AxisContext, Constraints, Strategy
 
 
@@ -15,12 +21,35 @@ class Expert(Strategy):
     """Expert parallelism: tile the experts dim of mixture-of-experts weights."""
 
     def constrain(self, ctx: AxisContext, priority: int) -> Constraints:
+        by_structure = expert_dims(ctx.goal.program)
         required = []
         for g in ctx.groups:
-            moe = "moe" in g.name.split("/") or "experts" in g.name
-            if moe and g.params and len(g.shape) >= 3 and 0 in ctx.free_dims(g.members[0]):
-                required += [Decision(priority, v, 0, ctx.axis) for v in g.members]
+            if not g.params:
+                continue
+            dim = by_structure.get(g.params[0])
+            if dim is None and len(g.shape) >= 3 and _named_moe(g.name):
+                dim = 0
+            if dim is not None and dim in ctx.free_dims(g.members[0]):
+                required += [Decision(priority, v, dim, ctx.axis) for v in g.members]
         return Constraints(required=required)
+
+    def check(self, ctx: AxisContext, own: Constraints, axis: Constraints) -> None:
+        if any(d.value not in axis.forbidden for d in own.required):
+            return
+        prop = ctx.goal.propagator
+        if any(ctx.axis in a for g in ctx.groups for v in g.params[:1]
+               for a in prop.sharding(ctx.state, v)):  # fmt: skip
+            return  # an earlier decision (a tile statement, a constraint) did it already
+        raise PlanError(
+            f"expert on axis {ctx.axis!r} (size {ctx.size}) finds no mixture-of-experts weight "
+            "to tile: none has a dim that is a batch dim of a matmul (einsum 'ecd,edf->ecf') or "
+            "a path with 'moe' or 'experts' in it, whose experts dim the axis divides; choose "
+            "a mesh size that divides the number of experts, or drop expert from this axis"
+        )
+
+
+def _named_moe(name: str) -> bool:
+    return "moe" in name.split("/") or "experts" in name
 
 
 def expert(axis: str) -> Expert:
