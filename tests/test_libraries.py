@@ -318,3 +318,26 @@ def test_example_script_runs(name):
     if lines:
         got, want = map(float, lines[0].split(":")[1].split())
         assert np.isclose(got, want, rtol=1e-5)
+
+
+# -- benchmarks/libraries.py: partir against the plans libraries ship ----------------------
+def test_library_bench_measures_both_plans_with_xla():
+    """The harness on jraph's case at a small size: the library's plan (edges split, as
+    jraph's sharded_graphnet) sums its gradients over the devices; both plans are compiled
+    and read back, and the estimate of the library's plan is held to XLA's bytes."""
+    path = ROOT / "benchmarks" / "libraries.py"
+    spec = importlib.util.spec_from_file_location("libraries_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    import library_steps  # on sys.path once the bench is loaded
+
+    case = bench.Case("jraph-gns", "jraph",
+                      lambda: library_steps.jraph_gns_step(nodes=16, edges=32))  # fmt: skip
+    row = bench.run_case(case, seconds=1.0, log=lambda _: None)
+    assert row.mesh == "d8" and row.error is None
+    assert row.library.by_kind.get("all-reduce", 0) > 0
+    assert row.library.allocated_bytes > 0 and row.partir.allocated_bytes > 0
+    assert row.ratio("allocated_bytes") == row.partir.allocated_bytes / row.library.allocated_bytes
+    assert row.estimate_ratio is not None and abs(row.estimate_ratio - 1) <= 0.10
+    assert "jraph-gns" in bench.table([row])
