@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
-from partir.ir.xla.hlo import _ARRAY_RE, _COMMENT_RE, _NAME, _Instr, _multiplicities, _parse_module
+from partir.ir.xla.hlo import _ARRAY_RE, _NAME, _Instr, _multiplicities, _parse_module, arrays
 
 _log = logging.getLogger(__name__)
 
@@ -23,15 +23,7 @@ _ELEMENTWISE = frozenset(
 
 
 def _elements(shape: str) -> int:
-    n = 0
-    for _dtype, dims in _ARRAY_RE.findall(_COMMENT_RE.sub("", shape)):
-        k = 1
-        for d in dims.split(","):
-            d = d.strip().lstrip("<=").strip()
-            if d:
-                k *= int(d) if d.isdigit() else 0
-        n += k
-    return n
+    return sum(n for _, n in arrays(shape))
 
 
 def _dims(shape: str) -> list[int]:

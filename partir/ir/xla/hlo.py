@@ -75,15 +75,21 @@ def shape_bytes(shape: str) -> int:
     ``f32[4,4]{1,0}`` -> 64, ``f32[]`` -> 4, ``(f32[2], bf16[3])`` -> 14, ``s4[3]`` -> 2,
     dynamic dims ``f32[<=8]`` count at their bound.
     """
-    total = 0
+    return sum(math.ceil(n * _element_bits(dtype) / 8) for dtype, n in arrays(shape))
+
+
+def arrays(shape: str) -> list[tuple[str, int]]:
+    """(dtype, element count) of each array in an HLO shape string (a tuple has several);
+    dynamic dims ``<=8`` count at their bound."""
+    out = []
     for dtype, dims in _ARRAY_RE.findall(_COMMENT_RE.sub("", shape)):
         n = 1
         for d in dims.split(","):
             d = d.strip().lstrip("<=").strip()
             if d:
                 n *= int(d) if d.isdigit() else 0
-        total += math.ceil(n * _element_bits(dtype) / 8)
-    return total
+        out.append((dtype, n))
+    return out
 
 
 def _match_close(s: str, i: int) -> int:
