@@ -693,3 +693,23 @@ def test_no_buffer_assignment_dumped_reads_as_none(tmp_path):
     assert xla.read_buffer_peak(tmp_path) is None  # no live ranges beside it
     (tmp_path / "m.cpu_after_optimizations-live-range.txt").write_text(_LIVE)
     assert xla.read_buffer_peak(tmp_path).bytes == 64 + 100 + 16 + 40
+
+
+def _conv_loss(x, k):
+    y = lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jnp.sum(y * y)
+
+
+def test_conv_flops_are_the_kernel_window_per_output_element():
+    # A 3x3 conv over 32x32: 2 * out * (3 * 3 * c_in) multiply-adds, not a product over the
+    # input, kernel and output windows together (which read 1000x over XLA's count).
+    import partir
+
+    args = (sds(8, 32, 32, 16), sds(3, 3, 16, 32))
+    compiled = jax.jit(_conv_loss).lower(*args).compile()
+    expected = compiled.cost_analysis()["flops"]
+    goal = partir.Goal(_conv_loss, args, {"b": 2})
+    whole = partir.plan(goal, {}).cost.flops
+    split = partir.plan(goal, (P("b"), None)).cost.flops
+    assert whole == pytest.approx(expected, rel=0.06)  # XLA adds the square and the sum
+    assert split == pytest.approx(whole / 2)

@@ -336,8 +336,10 @@ class CostModel:
                 rule.sizes[f] // (prop.size(fa[f]) if f in fa else 1)
                 for f in range(len(rule.sizes))
             ]
-            if op.primitive == "dot_general" or op.primitive == "conv_general_dilated":
+            if op.primitive == "dot_general":
                 flops = 2.0 * math.prod(local)
+            elif op.primitive == "conv_general_dilated":
+                flops = _conv_flops(op, local)
             else:
                 flops = float(max(
                     (local_size(prop.shapes[v], tuple(join_axes(fs, fa, rule.sizes, mesh)
@@ -549,3 +551,15 @@ def reshard(shape, itemsize: int, src: Sharding, dst: Sharding, mesh) -> list:
             ("all-to-all", tuple(a for a, _ in move), local_size(shape, after, mesh) * itemsize)
         )
     return out
+
+
+def _conv_flops(op, local: list[int]) -> float:
+    """A convolution's multiply-adds: per output element, one per kernel element of an
+    input-feature group (2 * out * in_features/groups * kernel window). The rule's factors
+    name batch, features and contraction; spatial dims are whole factors of their own, so
+    the product of all factors would count input, kernel and output windows together."""
+    rule, dn = op.rule, op.params["dimension_numbers"]
+    out_factors = [f for fs in rule.results[0] for f in fs]
+    rhs_dims = rule.operands[1]
+    kernel = [f for d, fs in enumerate(rhs_dims) if d != dn.rhs_spec[0] for f in fs]
+    return 2.0 * math.prod(local[f] for f in out_factors) * math.prod(local[f] for f in kernel)
