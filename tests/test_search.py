@@ -13,7 +13,10 @@ from partir.bench import REALISTIC
 from partir.ir.groups import find_groups
 from partir.models import gpt, mlp
 from partir.solver import search as search_module
+from partir.solver.axis_env import STOP, AxisEnvironment, AxisNode, Stop
+from partir.solver.programs import Programs
 from partir.solver.prune import InfeasibleMemory, prune_actions
+from partir.solver.reward import Reward
 from partir.strategies.compile import compile_axis, zero_decisions
 from partir.testing import check_plan
 
@@ -130,17 +133,17 @@ def test_auto_reaches_fsdp_under_a_limit_only_zero_meets():
 
 def test_a_zero_stop_is_its_own_state_scored_with_zero_applied():
     goal = gpt_goal(schedule=[st.auto("batch"), st.auto("model")])
-    prop = goal.propagator
-    view = search_module.View(goal, find_groups(goal.program), prop.empty())
+    programs = Programs(goal, None)
+    view = programs.full
     view.actions = compile_axis(goal, "batch", view.state, view.groups, 10).actions
-    scorer = search_module.Scorer(goal, [view], 1)
-    env = search_module.AxisEnvironment([view], "batch", 19, scorer, (3,))
-    root = search_module.Node((view.state,), False)
-    assert env.actions(root)[:2] == [search_module.STOP, search_module.Stop(3)]
+    reward = Reward(goal, programs)
+    env = AxisEnvironment([view], "batch", 19, reward, (3,))
+    root = AxisNode((view.state,), False)
+    assert env.actions(root)[:2] == [STOP, Stop(3)]
     plain, zero = (env.step(root, a) for a in env.actions(root)[:2])
-    assert env.key(plain) != env.key(zero) and zero.zero == 3
+    assert env.key(plain) != env.key(zero) and zero.zero_stage == 3
     assert env.is_terminal(plain) and env.is_terminal(zero)
-    costs = [scorer.cost((view.state,), extra=env.extra(z)) for z in (None, 3)]
+    costs = [programs.cost((view.state,), extra=env.zero_at_stop(z)) for z in (None, 3)]
     assert costs[1].argument_bytes < costs[0].argument_bytes  # ZeRO-3 tiles the params
     # over a limit both miss, the reward follows memory: the ZeRO stop scores higher
     goal.memory_limit = costs[1].peak_memory_bytes // 2
@@ -397,17 +400,16 @@ def test_comm_rewards_tell_plans_apart_by_their_bytes():
     from jax.sharding import PartitionSpec as P
 
     goal = gpt_goal(schedule=[st.auto("batch"), st.auto("model")], objective="comm")
-    view = search_module.View(goal, find_groups(goal.program), goal.propagator.empty())
-    scorer = search_module.Scorer(goal, [view], 1)
+    scorer = Reward(goal, Programs(goal, None))
     bp = partir.evaluate(goal, {"batch/*": P("batch")})
     bp_mp = partir.evaluate(goal, {"batch/*": P("batch"), "params/**/mlp/w_in": P(None, "model")})
     assert 0 < bp.comm_bytes < bp_mp.comm_bytes
-    assert scorer.reward(bp) - scorer.reward(bp_mp) > 0.01
-    assert 0.5 < scorer.reward(bp_mp) < scorer.reward(bp) <= 1.0
+    assert scorer.of(bp) - scorer.of(bp_mp) > 0.01
+    assert 0.5 < scorer.of(bp_mp) < scorer.of(bp) <= 1.0
     # and it never saturates: plans moving 1/8 and 1/64 of the argument bytes differ too
     args = scorer.reference.argument_bytes
     few, fewer = (dataclasses.replace(bp, comm_bytes=args // k) for k in (8, 64))
-    assert scorer.reward(few) < scorer.reward(fewer) < 1.0
+    assert scorer.of(few) < scorer.of(fewer) < 1.0
 
 
 def test_batch_on_an_axis_that_divides_no_batch_is_an_error_that_says_so():

@@ -156,7 +156,7 @@ def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tupl
 
 def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
     from partir.solver.baselines import expert_plans
-    from partir.solver.search import _better, metric
+    from partir.solver.reward import better, metric
 
     full = goal.search
     screen = full.episodes is None or full.episodes > SCREEN_EPISODES
@@ -184,8 +184,8 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
         raise PlanError(f"no mesh shape of {goal.num_devices} devices works: {reasons}{more}")
     if screen:
         ranked = sorted(costs.values(), key=functools.cmp_to_key(
-            lambda a, b: -1 if _better(goal, a[1], b[1]) else
-            (1 if _better(goal, b[1], a[1]) else 0)))  # fmt: skip
+            lambda a, b: -1 if better(goal, a[1], b[1]) else
+            (1 if better(goal, b[1], a[1]) else 0)))  # fmt: skip
         top = ranked[0][1]
         finalists = [m for m, c in ranked[:FINALISTS]
                      if c.fits == top.fits
@@ -200,7 +200,7 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
                 on_mesh(row)
     best = None
     for plan in found.values():
-        if best is None or _better(plan.goal, plan.cost, best.cost):
+        if best is None or better(plan.goal, plan.cost, best.cost):
             best = plan
     for r in rows:
         r["chosen"] = r["mesh"] == best.mesh and r["round"] == "searched"
