@@ -167,6 +167,12 @@ class CostModel:
         self.global_bytes[~self.liveness.stored] = 0.0
         self._itemsize = [v.itemsize for v in prog.values]
         self._kinds = self._op_kinds()  # see op_cost
+        # links from a carried output to its input: the step returns the state resharded
+        # to how it came in, and that buffer is an output (live to the end)
+        self._state_links = {
+            i for i, op in enumerate(prog.ops)
+            if op.primitive == "_link" and op.params.get("kind") == "state"
+        }  # fmt: skip
 
     # -- memory -----------------------------------------------------------------------
 
@@ -436,6 +442,7 @@ class CostModel:
         live_ops, position = self._live_ops, self._position
         buffers: dict[tuple, list] = {}  # reshard key -> [first position, last position, bytes]
         partials: list[tuple[int, tuple, float, int]] = []  # (position, group, bytes, value)
+        returned: list[tuple[tuple, int]] = []  # (reshard key, output) of carried state
         for i, (op, operands) in enumerate(zip(self.program.ops, self._operands)):
             if not live_ops[i]:
                 continue
@@ -456,6 +463,8 @@ class CostModel:
                         v, _, want = reuse
                         size = local_size(self.prop.shapes[v], want, self.mesh)
                         buffers[reuse] = [position[i], position[i], size * self._itemsize[v]]
+                        if i in self._state_links:
+                            returned.append((reuse, v))
                     else:
                         buf[1] = position[i]
                     if (kind, reuse) in reused:
@@ -479,6 +488,12 @@ class CostModel:
                 for v in op.outputs:
                     depth[v] = level + after
         lb = self.local_bytes(state)
+        end = self.liveness.end
+        for reuse, v in returned:  # the resharded state replaces its output to the end
+            start = buffers[reuse][0]
+            buffers[reuse][1] = end
+            if start < end:  # the output as computed is freed once resharded
+                buffers[(reuse, "freed")] = [start + 1, end, -lb[v]]
         extra = [tuple(b) for b in buffers.values()]
         extra += self._unreduced(partials, lb)
         return compute, comm, flops_total, by_kind, colls, comm_bytes, lb, extra
