@@ -89,6 +89,18 @@ def test_gathered_tables_are_found_through_converts_transposes_and_loops():
         return jax.lax.scan(lambda c, e: (c + e[t].sum(), None), 0.0, stack)[0]
 
     assert _gathered(scanned, S((3, 64, 16), jnp.float32), tokens) == {"stack": 1}
+
+    def closed_over(e, t):  # a table the loop body closes over (a loop const)
+        return jax.lax.scan(lambda c, _: (c + e[t].sum(), None), 0.0, None, length=2)[0]
+
+    assert _gathered(closed_over, S((64, 16), jnp.float32), tokens) == {"e": 0}
+    assert _gathered(lambda e, t: e.reshape(64, 4, 4)[t], S((64, 16), jnp.float32),
+                     tokens) == {"e": 0}  # fmt: skip
+    # dims merged into the looked-up dim: only the major one tiles it in whole blocks
+    flat = lambda e, t: e.reshape(-1)[t]  # noqa: E731
+    assert _gathered(flat, S((64, 16), jnp.float32), tokens) == {"e": 0}
+    assert _gathered(lambda e, t: flat(e.T, t), S((64, 16), jnp.float32), tokens) == {"e": 1}
+    assert _gathered(lambda e, t: e.reshape(16, 64)[t], S((64, 16), jnp.float32), tokens) == {}
     # `x[:, i]` looks up columns; a dynamic slice is no gather
     assert _gathered(lambda x, i: x[:, i], S((64, 16), jnp.float32), S((4,), jnp.int32)) \
         == {"x": 1}  # fmt: skip
