@@ -379,7 +379,8 @@ def _gather(ins, outs, params) -> Rule:
     for od, d in zip(offset_dims, window):
         if slice_sizes[d] == operand[d]:  # a whole window: an index into it is clamped to 0
             b.factor(operand[d], operands={0: d}, results={0: od})
-    for d in sorted(collapsed | set(window)):
+    looked_up = collapsed | {d for d in window if slice_sizes[d] < operand[d]}
+    for d in sorted(looked_up):
         if slice_sizes[d] == 1 and d in start_map:
             b.factor(operand[d], Kind.REDUCTION, operands={0: d})
     return b.build()
