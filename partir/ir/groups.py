@@ -1,5 +1,6 @@
 """Program analysis the strategies build on: groups of inputs that share a sharding, the
-dims an axis divides, the matmul operands, and the action space made of them.
+dims an axis divides, the matmul operands, the gathered tables, and the action space made
+of them.
 
 Inputs that must share a sharding form one group, and tiling a group along one dim is one
 action: a parameter with its optimizer moments (same path tail, same shape), and the same
@@ -14,7 +15,8 @@ import dataclasses
 import re
 
 from partir.ir.program import Program
-from partir.ir.propagate import Decision, Propagator, State
+from partir.ir.propagate import Decision, Propagator, State, attach_rules
+from partir.ir.rules import Kind, Rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +169,55 @@ def matmul_operands(prog: Program) -> set[int]:
                         if w not in seen:
                             seen.add(w)
                             frontier.append(w)
+    return out
+
+
+def _same_dim(rule: Rule, src: int, dim: int, dst: int) -> int | None:
+    """The dim of `rule`'s tensor `dst` that `dim` of tensor `src` maps to, tiled alike: the
+    dst dim whose major factor is src dim's only factor (tensors count operands first,
+    then results), or None."""
+    tensors = rule.operands + rule.results
+    factors = tensors[src][dim] if tensors[src] is not None else ()
+    if len(factors) != 1 or rule.kinds[factors[0]] is not Kind.PASS:
+        return None
+    return next((d for d, fs in enumerate(tensors[dst] or ()) if fs[:1] == factors), None)
+
+
+def gathered_tables(prog: Program) -> dict[int, int]:
+    """{input: its looked-up dim}: inputs whose value, through dtype converts, copies,
+    reshapes, transposes and loop links, is a gather's operand indexed on a dim that the
+    gather's rule makes a reduction (an embedding's vocabulary: each device looks up the
+    rows it holds and an all-reduce completes the result)."""
+    through = {"convert_element_type", "reshape", "transpose", "copy", "_link"}
+    attach_rules(prog)
+    out: dict[int, int] = {}
+    for vid in prog.inputs.values():
+        for d0 in range(len(prog.values[vid].shape)):
+            frontier, seen = [(vid, d0)], {vid}
+            while frontier and vid not in out:
+                v, d = frontier.pop()
+                for i in prog.users[v]:
+                    op = prog.ops[i]
+                    if op.primitive == "gather" and op.inputs[0] == v:
+                        fs = op.rule.operands[0][d]
+                        if len(fs) == 1 and op.rule.kinds[fs[0]] is Kind.REDUCTION:
+                            out[vid] = d0
+                            break
+                        continue
+                    if op.primitive not in through:
+                        continue
+                    src = op.inputs.index(v)
+                    if op.primitive == "_link":
+                        if src != 0:
+                            continue
+                        nxt = [(1, op.inputs[1])]
+                    else:
+                        nxt = [(len(op.inputs) + k, w) for k, w in enumerate(op.outputs)]
+                    for t, w in nxt:
+                        e = _same_dim(op.rule, src, d, t)
+                        if e is not None and w not in seen:
+                            seen.add(w)
+                            frontier.append((w, e))
     return out
 
 

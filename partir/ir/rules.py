@@ -354,8 +354,9 @@ def _expand_dims(ins, outs, params) -> Rule:
 
 def _gather(ins, outs, params) -> Rule:
     """General gather. Index batch dims pass to the result, whole operand windows pass,
-    and a collapsed operand dim (an embedding's vocabulary) is a reduction: each device
-    looks up the rows it holds and a sum over devices completes the result."""
+    and an indexed operand dim with slice size 1 (an embedding's vocabulary), collapsed or
+    kept as an offset dim of size 1 (`x[i]` under vmap), is a reduction: each device looks
+    up the rows it holds and a sum over devices completes the result, as XLA does."""
     operand, indices = ins
     dn = params["dimension_numbers"]
     slice_sizes = params["slice_sizes"]
@@ -376,9 +377,10 @@ def _gather(ins, outs, params) -> Rule:
         b.factor(outs[0][od], operands=ops, results={0: od})
     window = [d for d in range(len(operand)) if d not in collapsed and d not in operand_batching]
     for od, d in zip(offset_dims, window):
-        if slice_sizes[d] == operand[d] and d not in start_map:
+        if slice_sizes[d] == operand[d]:  # a whole window: an index into it is clamped to 0
             b.factor(operand[d], operands={0: d}, results={0: od})
-    for d in sorted(collapsed):
+    looked_up = collapsed | {d for d in window if slice_sizes[d] < operand[d]}
+    for d in sorted(looked_up):
         if slice_sizes[d] == 1 and d in start_map:
             b.factor(operand[d], Kind.REDUCTION, operands={0: d})
     return b.build()

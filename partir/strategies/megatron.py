@@ -1,15 +1,18 @@
 """`megatron`: tensor parallelism. The search may tile the weights that feed a matmul
 (rank >= 2, through converts and reshapes) on any dim the axis divides and no earlier axis
-tiles; data inputs are kept whole on the axis. It does not pin the residual stream: the cost
-model charges whatever a choice implies, and the search keeps the cheap ones. It cannot
-share an axis with data parallelism (`batch`, `fsdp`), which tiles what it keeps whole.
+tiles, and a table that is only looked up (an untied embedding) on its looked-up dim, as
+Megatron-LM's vocab-parallel embedding does (each device looks up the rows it holds; an
+all-reduce completes the lookup); data inputs are kept whole on the axis. It does not pin
+the residual stream: the cost model charges whatever a choice implies, and the search keeps
+the cheap ones. It cannot share an axis with data parallelism (`batch`, `fsdp`), which tiles
+what it keeps whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from partir.ir.groups import Action, matmul_operands
+from partir.ir.groups import Action, gathered_tables, matmul_operands
 from partir.strategies.base import AxisContext, Constraints, Strategy
 
 
@@ -20,12 +23,17 @@ class Megatron(Strategy):
 
     def constrain(self, ctx: AxisContext, priority: int) -> Constraints:
         weights = matmul_operands(ctx.goal.program)
-        actions = [
-            Action(g.name, d, g.members)
-            for g in ctx.groups
-            if g.params and len(g.shape) >= 2 and any(v in weights for v in g.params)
-            for d in ctx.free_dims(g.members[0])
-        ]
+        tables = gathered_tables(ctx.goal.program)
+        actions = []
+        for g in ctx.groups:
+            if not g.params or len(g.shape) < 2:
+                continue
+            free = ctx.free_dims(g.members[0])
+            if any(v in weights for v in g.params):
+                actions += [Action(g.name, d, g.members) for d in free]
+            else:
+                looked_up = {tables[v] for v in g.params if v in tables}
+                actions += [Action(g.name, d, g.members) for d in free if d in looked_up]
         return Constraints(actions=actions, forbidden=set(ctx.data))
 
     def conflicts_with(self, other: Strategy) -> str | None:
