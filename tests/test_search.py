@@ -162,18 +162,29 @@ def test_the_bound_with_shallow_copies_counts_the_zero_an_auto_axis_may_end_with
     assert plan.search["proxy"]["used"]
 
 
-def test_a_plan_the_shallow_copies_mispredict_is_searched_again_whole():
-    # auto on mlp 1b 8x8: the 1- and 2-layer copies score `batch/y dim 1` on both axes
-    # well, but the full program costs 2x their extrapolation; the whole program's own
-    # search finds a plan that clearly beats theirs (5.1 ms against 10.0 ms)
+def test_a_plan_the_shallow_copies_mispredict_is_searched_again_whole(monkeypatch):
+    # auto on mlp 1b 8x8: the copies mispredicted it 2x while the model charged a result-
+    # anchored reshard; now they predict it exactly, and their plan (3.8 ms) beats the 5.1 ms
+    # the whole search found then
     preset, overrides = REALISTIC["mlp"]
     args = mlp.example_args(abstract=True, preset=preset, **dict(overrides))
     goal = partir.Goal(mlp.train_step, args, {"data": 8, "model": 8}, device="tpu-v4",
-                       memory_limit="32GiB", schedule=[st.auto("data"), st.auto("model")])  # fmt: skip
+                       memory_limit="32GiB", schedule=[st.auto("data"), st.auto("model")],
+                       search=partir.Search(seed=0, episodes=40))  # fmt: skip
+    trusted = partir.solve(goal, baselines=False)
+    assert trusted.search["proxy"]["used"]
+    assert trusted.search["proxy"]["full_over_predicted"] == pytest.approx(1.0, rel=0.01)
+    # said to mispredict, the whole program is searched too, and the better plan is kept
+    monkeypatch.setattr(search_module, "_mispredicted", lambda plan: "said to mispredict")
     plan = partir.solve(goal, baselines=False)
     proxy = plan.search["proxy"]
-    assert not proxy["used"] and "their prediction" in proxy["reason"]
-    assert plan.cost.step_time_s < proxy["rejected_plan_step_time_s"] * 0.75
+    assert 0 < proxy["episodes_on_copies"] <= 40 and 0 < proxy["episodes_on_whole"] <= 40
+    assert proxy["episodes_on_copies"] + proxy["episodes_on_whole"] == plan.search["episodes"]
+    kept_copies = proxy["used"]
+    other = proxy["whole_search"]["step_time_s"] if kept_copies else (
+        proxy["rejected_plan_step_time_s"])
+    assert plan.cost.step_time_s <= other
+    monkeypatch.undo()
 
     # where the copies predict the full program, their plan is kept
     small = partir.Goal(gpt.train_step, gpt.example_args(abstract=True, preset="small"),
@@ -377,21 +388,6 @@ def test_the_episode_budget_is_shared_by_the_axes_and_never_exceeded():
     batch, model = plan.search["axes"]
     assert batch["episodes"] == 0
     assert model["episodes"] == 8 or model["stop_reason"] == "exhausted"
-
-
-def test_the_whole_search_after_a_misprediction_is_counted_in_the_episodes():
-    preset, overrides = REALISTIC["mlp"]
-    args = mlp.example_args(abstract=True, preset=preset, **dict(overrides))
-    goal = partir.Goal(mlp.train_step, args, {"batch": 8, "model": 8}, device="tpu-v4",
-                       memory_limit="32GiB",
-                       schedule=[st.auto("batch"), st.auto("model")],
-                       search=partir.Search(seed=0, episodes=40))  # fmt: skip
-    plan = partir.solve(goal, baselines=False)
-    proxy = plan.search["proxy"]
-    assert "episodes_on_whole" in proxy  # the copies mispredicted (as in the test above)
-    assert proxy["episodes_on_copies"] + proxy["episodes_on_whole"] == plan.search["episodes"]
-    assert proxy["episodes_on_copies"] <= 40 and proxy["episodes_on_whole"] <= 40
-    assert plan.cost.step_time_s < proxy["rejected_plan_step_time_s"] * 0.75
 
 
 def test_comm_rewards_tell_plans_apart_by_their_bytes():
