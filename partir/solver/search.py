@@ -33,6 +33,7 @@ from partir.solver import mcts
 from partir.solver.plan import Plan, input_decisions
 from partir.solver.proxy import Proxy, extrapolate, make_proxy
 from partir.solver.prune import prune_actions
+from partir.solver.zero_dims import choose_zero_dims
 from partir.strategies import Auto, Zero
 from partir.strategies.compile import (
     AxisProblem,
@@ -471,6 +472,9 @@ def _solve(
         if result.stop_reason == "interrupted":
             break
     with on_full:
+        full.deferred = choose_zero_dims(
+            goal, full.state, full.groups, full.deferred, functools.partial(_better, goal)
+        )
         calls.append(zero_decisions(goal, full.state, full.groups, full.deferred))
         state = prop.apply_all(full.state, calls[-1])[0]
         plan = Plan(goal, state, goal.cost_model.cost(state))
