@@ -472,9 +472,7 @@ def _solve(
         if result.stop_reason == "interrupted":
             break
     with on_full:
-        full.deferred = choose_zero_dims(
-            goal, full.state, full.groups, full.deferred, functools.partial(_better, goal)
-        )
+        full.deferred = choose_zero_dims(views, scorer.cost, functools.partial(_better, goal))
         calls.append(zero_decisions(goal, full.state, full.groups, full.deferred))
         state = prop.apply_all(full.state, calls[-1])[0]
         plan = Plan(goal, state, goal.cost_model.cost(state))
