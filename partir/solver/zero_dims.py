@@ -49,21 +49,25 @@ def choose_zero_dims(
 
     deferred = list(deep.deferred)
     best = cost_with(deferred)
-    for i, (priority, s) in enumerate(deferred):
-        if not isinstance(s, (Zero, FSDP)):
-            continue
-        params = isinstance(s, FSDP) or s.stage == 3
-        ctx = AxisContext(deep.goal, s.axis, deep.state, deep.groups)
-        for name, dims in zero_options(ctx, params=params).items():
-            chosen = dict(s.dims)
-            current = chosen.get(name, dims[0])
-            for d in [*dims, None]:
-                if d == current:
-                    continue
-                trial = dataclasses.replace(s, dims=tuple({**chosen, name: d}.items()))
-                trial_deferred = [*deferred[:i], (priority, trial), *deferred[i + 1 :]]
-                c = cost_with(trial_deferred)
-                if better(c, best):
-                    best, s, deferred, current = c, trial, trial_deferred, d
-    cost_with(deferred)
+    try:
+        for i, (priority, s) in enumerate(deferred):
+            if not isinstance(s, (Zero, FSDP)):
+                continue
+            params = isinstance(s, FSDP) or s.stage == 3
+            ctx = AxisContext(deep.goal, s.axis, deep.state, deep.groups)
+            for name, dims in zero_options(ctx, params=params).items():
+                chosen = dict(s.dims)
+                current = chosen.get(name, dims[0])
+                for d in [*dims, None]:
+                    if d == current:
+                        continue
+                    trial = dataclasses.replace(s, dims=tuple({**chosen, name: d}.items()))
+                    trial_deferred = [*deferred[:i], (priority, trial), *deferred[i + 1 :]]
+                    c = cost_with(trial_deferred)
+                    if better(c, best):
+                        best, s, deferred, current = c, trial, trial_deferred, d
+    except KeyboardInterrupt:  # Ctrl-C: the dims chosen so far (the search is anytime too)
+        pass
+    for v in views:
+        v.deferred = deferred
     return deferred
