@@ -9,7 +9,7 @@ nothing. So after the search, a greedy pass over the ZeRO-tiled groups (of `zero
 committed plan, and keeps a change that the goal's order of plans (within the memory limit
 first, then the objective) prefers. A deep model searched on its shallow copies is judged
 on them, as the search judged it (a full-program cost per try added 3.6 s to a 96-layer
-gpt's solve); the choice is by group name, the same in the copies and the program. It
+gpt's solve); the choice is by group name and shape, the same in the copies and the program. It
 rides on the strategy (`Zero.dims`, `FSDP.dims`), so the committed decisions, and the plan
 file that replays them, carry it.
 """
@@ -55,13 +55,13 @@ def choose_zero_dims(
                 continue
             params = isinstance(s, FSDP) or s.stage == 3
             ctx = AxisContext(deep.goal, s.axis, deep.state, deep.groups)
-            for name, dims in zero_options(ctx, params=params).items():
+            for key, dims in zero_options(ctx, params=params).items():
                 chosen = dict(s.dims)
-                current = chosen.get(name, dims[0])
+                current = chosen.get(key, dims[0])
                 for d in [*dims, None]:
                     if d == current:
                         continue
-                    trial = dataclasses.replace(s, dims=tuple({**chosen, name: d}.items()))
+                    trial = dataclasses.replace(s, dims=tuple({**chosen, key: d}.items()))
                     trial_deferred = [*deferred[:i], (priority, trial), *deferred[i + 1 :]]
                     c = cost_with(trial_deferred)
                     if better(c, best):

@@ -23,8 +23,11 @@ from partir.ir.groups import dims_that_divide, largest_dividing_dim
 from partir.ir.propagate import Decision
 from partir.strategies.base import AxisContext, Constraints, Strategy
 
-ZeroDims = tuple[tuple[str, "int | None"], ...]
-"""(group name, dim or None) pairs: the dims a ZeRO-tiling strategy (zero, fsdp) was given
+GroupKey = tuple[str, tuple[int, ...]]
+"""A group's name and shape: one group, the same in the program and its shallow copies."""
+
+ZeroDims = tuple[tuple[GroupKey, "int | None"], ...]
+"""(group key, dim or None) pairs: the dims a ZeRO-tiling strategy (zero, fsdp) was given
 in place of its default; a group not named takes the largest dim. A tuple, so the strategy
 stays a hashable value."""
 
@@ -36,7 +39,7 @@ class Zero(Strategy):
 
     stage: int = 3
     dims: ZeroDims = ()
-    """The cost model's choice per group name: a dim, or None for whole (see ZeroDims)."""
+    """The cost model's choice per group: a dim, or None for whole (see ZeroDims)."""
 
     arguments = ("stage",)
 
@@ -60,7 +63,7 @@ def zero(axis: str, stage: int = 3) -> Zero:
     return Zero(axis, stage)
 
 
-def zero_options(ctx: AxisContext, *, params: bool) -> dict[str, list[int]]:
+def zero_options(ctx: AxisContext, *, params: bool) -> dict[GroupKey, list[int]]:
     """Per group that ZeRO tiles (in `ctx.state`), the dims it may take: the whole dims the
     axis divides, the default (largest) first."""
     prop, prog = ctx.goal.propagator, ctx.goal.program
@@ -77,12 +80,12 @@ def zero_options(ctx: AxisContext, *, params: bool) -> dict[str, list[int]]:
         first = largest_dividing_dim(shape, ctx.size, exclude=taken)
         if first is not None:
             others = [d for d in dims_that_divide(shape, ctx.size) if d not in taken | {first}]
-            out[g.name] = [first, *others]
+            out[(g.name, g.shape)] = [first, *others]
     return out
 
 
 def zero_decisions(
-    ctx: AxisContext, priority: int, *, params: bool, dims: Mapping[str, int | None] = {}
+    ctx: AxisContext, priority: int, *, params: bool, dims: Mapping[GroupKey, int | None] = {}
 ) -> list[Decision]:
     """Per group, the moments (and the parameters, with `params`) tiled on the dim `dims`
     names for it (None: left whole), else on the largest whole dim the axis divides; groups
@@ -90,10 +93,11 @@ def zero_decisions(
     options = zero_options(ctx, params=params)
     out = []
     for g in ctx.groups:
-        if g.name not in options:
+        key = (g.name, g.shape)
+        if key not in options:
             continue
-        d = dims.get(g.name, options[g.name][0])
-        if d is not None and d in options[g.name]:
+        d = dims.get(key, options[key][0])
+        if d is not None and d in options[key]:
             values = g.moments + (g.params if params else ())
             out += [Decision(priority, v, d, ctx.axis) for v in values]
     return out
