@@ -61,9 +61,12 @@ def choose_zero_dims(
     try:
         smallest = sorted(options, key=lambda o: math.prod(o[1][1]))
         start = deferred
+        limit = deep.goal.memory_limit
         for k in range(1, len(smallest) + 1):
             trial = _with_dim(start, *smallest[k - 1][:2], None)
             start, c = trial, cost_with(trial)
+            if limit is not None and c.peak_memory_bytes > limit:
+                break  # more groups whole only need more memory
             if _improves(c, best, better):
                 best, deferred = c, trial
         for i, key, dims in options:
