@@ -128,7 +128,7 @@ def dims_that_divide(shape: tuple[int, ...], n: int) -> list[int]:
 
 
 def largest_dividing_dim(shape: tuple[int, ...], n: int, exclude=()) -> int | None:
-    """ZeRO's choice: the largest dim that `n` divides, outside `exclude` (first on ties)."""
+    """ZeRO's default: the largest dim that `n` divides, outside `exclude` (first on ties)."""
     dims = [d for d in dims_that_divide(shape, n) if d not in exclude]
     return max(dims, key=lambda d: (shape[d], -d)) if dims else None
 

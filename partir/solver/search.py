@@ -8,6 +8,7 @@ is maximised is in reward; the search tree of an axis in axis_env; the programs 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from partir.solver.programs import CopiesMismatch, Programs, afresh
 from partir.solver.proxy import Proxy, make_proxy
 from partir.solver.prune import prune_actions
 from partir.solver.reward import Reward, better, metric
+from partir.solver.zero_dims import choose_zero_dims
 from partir.strategies import Auto
 from partir.strategies.compile import AxisProblem, schedule_axes
 
@@ -176,6 +178,10 @@ def _solve(
         )
         if result.stop_reason == "interrupted":
             break
+    # ZeRO's dims, chosen on the committed plan (the search scored the largest ones)
+    programs.full.deferred = choose_zero_dims(
+        programs.searched, programs.cost, functools.partial(better, goal)
+    )
     state = programs.finish()
     with programs.on_full:
         plan = Plan(goal, state, goal.cost_model.cost(state))

@@ -9,12 +9,15 @@ import dataclasses
 from partir.ir.propagate import Decision
 from partir.strategies.base import AxisContext, Constraints, Strategy
 from partir.strategies.batch import batch_decisions, check_tiles_data
-from partir.strategies.zero import zero_decisions
+from partir.strategies.zero import ZeroDims, zero_decisions
 
 
 @dataclasses.dataclass(frozen=True)
 class FSDP(Strategy):
     """Fully sharded data parallelism: batch + zero(stage=3) on one axis."""
+
+    dims: ZeroDims = ()
+    """The cost model's choice of ZeRO dims (see `partir.strategies.zero.ZeroDims`)."""
 
     def constrain(self, ctx: AxisContext, priority: int) -> Constraints:
         return Constraints(required=batch_decisions(ctx, priority), deferred=[(priority + 1, self)])
@@ -23,7 +26,7 @@ class FSDP(Strategy):
         check_tiles_data(self, ctx, own, axis)
 
     def deferred_decisions(self, ctx: AxisContext, priority: int) -> list[Decision]:
-        return zero_decisions(ctx, priority, params=True)
+        return zero_decisions(ctx, priority, params=True, dims=dict(self.dims))
 
 
 def fsdp(axis: str) -> FSDP:
