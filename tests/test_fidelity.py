@@ -167,8 +167,9 @@ def test_carried_state_returned_resharded_is_held_to_the_end_like_xla():
     # weight as it came in (replicated), so each update is all-gathered, and every gathered
     # weight is an output, live together at the end: the model held them one at a time
     # (42 MiB predicted against XLA's 56 MiB).
-    import partir
     from jax.sharding import PartitionSpec as P
+
+    import partir
 
     x = jax.ShapeDtypeStruct((2048, 1024), jnp.float32)
     goal = Goal(_moments_sharded_step, (([x] * 3, [x] * 3), x), {"data": 8})
