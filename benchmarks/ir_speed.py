@@ -12,8 +12,7 @@ import jax
 
 from partir.goal import Goal
 from partir.ir.groups import find_groups
-from partir.ir.program import trace
-from partir.ir.propagate import Decision, Propagator
+from partir.ir.propagate import Decision
 from partir.models import gpt
 from partir.solver.baselines import MEGATRON, _fill
 from partir.solver.plan import input_decisions
@@ -31,15 +30,13 @@ def main() -> None:
     mesh = {"batch": 8, "model": 8}
 
     jax.clear_caches()
+    goal = Goal(gpt.train_step, ex, mesh)
     t0 = time.perf_counter()
-    prog = trace(gpt.train_step, ex)
+    prog = goal.program  # traced once, here
     t_trace = time.perf_counter() - t0
     t0 = time.perf_counter()
-    prop = Propagator(prog, mesh)
+    prop = goal.propagator  # the rules attached, the program's own constraints applied
     t_rules = time.perf_counter() - t0
-    goal = Goal(gpt.train_step, ex, mesh)
-    goal.__dict__["program"] = prog  # reuse this trace
-    goal.__dict__["propagator"] = prop
     decisions = input_decisions(goal, {"batch/*": jax.sharding.PartitionSpec("batch")})
     decisions += input_decisions(goal, _fill(MEGATRON, m="model"), priority=2)
     t0 = time.perf_counter()

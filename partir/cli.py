@@ -122,12 +122,12 @@ def cmd_solve(args) -> int:
     if args.seed is not None or args.seconds is not None or args.no_prune:
         import dataclasses
 
-        goal.search = dataclasses.replace(
+        goal = goal.replace(search=dataclasses.replace(
             goal.search,
             seed=args.seed if args.seed is not None else goal.search.seed,
             seconds=args.seconds if args.seconds is not None else goal.search.seconds,
             prune=None if args.no_prune else goal.search.prune,
-        )
+        ))
     show = console.is_terminal and not args.json
     with Progress(
         TextColumn("[bold]{task.description}"),

@@ -13,6 +13,7 @@ from partir.ir.constraints import constraint_decisions
 from partir.ir.cost import CostModel
 from partir.ir.devices import Device, get_device
 from partir.ir.gc_pause import paused_gc
+from partir.ir.messages import did_you_mean
 from partir.ir.program import Program, TraceError, trace
 from partir.ir.propagate import Propagator
 from partir.ir.specs import PlanError, glob_match
@@ -157,6 +158,42 @@ def check_devices(mesh: Mapping[str, int | None], devices: int | None) -> int | 
     return devices
 
 
+def check_schedule(
+    schedule: Sequence[Any],
+    mesh: Mapping[str, int | None],
+    error: Callable[[Any, str], Exception],
+) -> tuple[Any, ...]:
+    """The schedule, checked: strategies only, each on an axis of the mesh, and none that
+    contradicts another on its axis (`error(strategy, message)` makes the exception, at the
+    strategy's statement when the goal came from a goal file)."""
+    from partir.strategies.base import Strategy, conflict
+
+    if isinstance(schedule, str | Strategy) or not isinstance(schedule, Sequence):
+        raise ValueError(
+            f"schedule must be a list of strategies, not {type(schedule).__name__}: write "
+            "schedule=[partir.strategies.batch('data'), ...]"
+        )
+    for k, s in enumerate(schedule):
+        if not isinstance(s, Strategy):
+            raise ValueError(
+                f"schedule[{k}] is {s!r} ({type(s).__name__}), not a strategy: write "
+                "partir.strategies.batch('data') and the like"
+            )
+        if s.axis not in mesh:
+            raise error(
+                s,
+                f"strategy {s.name} names mesh axis {s.axis!r}, which the mesh {dict(mesh)} "
+                f"lacks{did_you_mean(s.axis, mesh)}",
+            )
+    for axis in mesh:
+        on_axis = [s for s in schedule if s.axis == axis]
+        for k, s in enumerate(on_axis):
+            why = conflict(on_axis[: k + 1])
+            if why is not None:
+                raise error(s, why)
+    return tuple(schedule)
+
+
 # argument names that hold parameters, not data, in a program that carries no state
 PARAMETER_ARGS = frozenset(
     {"params", "parameters", "variables", "weights", "model", "state", "opt_state", "optimizer"}
@@ -186,7 +223,17 @@ def _whole(x: Any) -> bool:
 
 
 class Goal:
-    """A planning problem. The program is traced once, lazily, and shared by all plans."""
+    """A planning problem, a frozen value: checked when built (mesh, devices, memory limit,
+    objective, the schedule's strategies and their conflicts), changed only by `replace`.
+    What is derived from it (the traced program, propagator and cost model) is computed
+    lazily, once, and cached beside the fields; `replace` keeps the trace when the program
+    and its arguments stay the same."""
+
+    _FIELDS = (
+        "program", "args", "mesh", "device", "memory_limit", "objective", "schedule", "search",
+        "data_inputs", "donate", "honour_constraints", "filename", "notes", "devices",
+        "statement_error",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -205,7 +252,15 @@ class Goal:
         filename: str | None = None,
         notes: Sequence[str] = (),
         devices: int | None = None,
+        statement_error: Callable[[Any, str], Exception] | None = None,
     ) -> None:
+        self._given = {
+            "program": program, "args": args, "mesh": mesh, "device": device,
+            "memory_limit": memory_limit, "objective": objective, "schedule": schedule,
+            "search": search, "data_inputs": data_inputs, "donate": donate,
+            "honour_constraints": honour_constraints, "filename": filename, "notes": notes,
+            "devices": devices, "statement_error": statement_error,
+        }  # fmt: skip
         self.fn = program
         self.args = tuple(args)
         # a jax.sharding.Mesh: its axes and sizes, and plan.jit runs on its devices
@@ -221,18 +276,51 @@ class Goal:
         if objective not in ("time", "memory", "comm"):
             raise ValueError(f"objective must be 'time', 'memory' or 'comm', not {objective!r}")
         self.objective = objective
-        self.schedule = list(schedule)
         self.search = search or Search()
+        if not isinstance(self.search, Search):
+            raise ValueError(f"search must be a partir.Search, not {type(search).__name__}")
         self._data_inputs = list(data_inputs) if data_inputs is not None else None
         self.donate = donate
         # the user's with_sharding_constraint / reshard calls: decisions of the highest
         # priority (True), or ignored and replaced by partir's sharding in plan.jit (False)
         self.honour_constraints = honour_constraints
         self.filename = filename
-        self.notes = list(notes)  # things a report should tell the user (an unused axis...)
-        # set by goal files: (statement, message) -> the error at that statement's place; the
+        # things a report should tell the user (an unused axis...); tracing may add some
+        self._notes = list(notes)
+        # from goal files: (statement, message) -> the error at that statement's place; the
         # statement is "program", "inputs" or one of the schedule's strategies
-        self.statement_error: Callable[[Any, str], Exception] | None = None
+        self.statement_error = statement_error
+        self.schedule = check_schedule(schedule, self.mesh, self.strategy_error)
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"a Goal is frozen: make a new one with goal.replace({name}=...)"
+            )
+        object.__setattr__(self, name, value)
+
+    def replace(self, **changes: Any) -> Goal:
+        """A new goal with `changes` to the constructor's arguments (checked as the
+        constructor checks them); it shares this goal's trace when `program` and `args`
+        stay the same."""
+        unknown = set(changes) - set(self._FIELDS)
+        if unknown:
+            raise TypeError(
+                f"Goal.replace() got unknown fields {sorted(unknown)}; fields: "
+                + ", ".join(self._FIELDS)
+            )
+        new = Goal(**{**self._given, **changes})
+        same_trace = "program" not in changes and "args" not in changes
+        if same_trace and "program" in self.__dict__:
+            new.__dict__["program"] = self.__dict__["program"]
+            new._notes[:] = self._notes
+        return new
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What a report should tell the user: the given notes and those tracing found."""
+        return tuple(self._notes)
 
     def strategy_error(self, strategy: Any, message: str) -> Exception:
         """A PlanError about one strategy of the schedule, at its statement in the goal file
@@ -278,7 +366,7 @@ class Goal:
             ) from None
         data = _uncarried_data(prog)
         if data is not None and self._data_inputs is None and self._batches_by_default():
-            self.notes.append(
+            self._notes.append(
                 f"note: the program carries no state (no output is the next version of an "
                 f"input), so batch takes the inputs of {', '.join(map(repr, data))} as data "
                 f"and keeps {', '.join(repr(a) for a in _arg_heads(prog) if a not in data)} "
@@ -298,10 +386,6 @@ class Goal:
             return self._data_inputs
         data = _uncarried_data(self.program)
         return None if data is None else [g for a in data for g in (a, f"{a}/**")]
-
-    @data_inputs.setter
-    def data_inputs(self, value: Sequence[str] | None) -> None:
-        self._data_inputs = list(value) if value is not None else None
 
     def _batches_by_default(self) -> bool:
         from partir.strategies import FSDP, Batch

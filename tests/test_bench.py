@@ -63,7 +63,7 @@ def test_main_writes_report_and_json(tmp_path, monkeypatch, capsys):
 
 
 def test_goals_of_one_model_share_one_trace_and_the_library_experts():
-    programs = bench.experts.Programs()
+    programs = bench.experts.Traces()
     flat = programs.goal(bench.case("mlp", "tiny", bench.MESH_1D))
     cube = programs.goal(bench.case("mlp", "tiny", bench.MESH_3D_SMALL))
     assert cube.program is flat.program and len(programs.trace_seconds) == 1

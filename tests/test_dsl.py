@@ -145,7 +145,7 @@ def test_design_example_compiles_against_gpt():
     goal = load_goal_text(DESIGN_EXAMPLE, "gpt.partir")
     assert goal.mesh == {"batch": 8, "model": 8} and goal.memory_limit == 32 * 2**30
     assert goal.device.name == "tpu-v4" and goal.search.prune == "cpsat"
-    assert goal.schedule == parse(DESIGN_EXAMPLE).schedule
+    assert list(goal.schedule) == parse(DESIGN_EXAMPLE).schedule
     assert len(goal.args) == 3
 
 
@@ -158,7 +158,7 @@ def test_the_same_goal_as_the_python_api():
     assert goal.device == DEVICES["cpu"].with_links({"model": 20e9})
     assert goal.device.name == "cpu"
     assert goal.memory_limit == 2**30 and goal.objective == "time"
-    assert goal.schedule == [
+    assert list(goal.schedule) == [
         S.batch("batch", inputs=["data/*"]),
         S.zero("batch", stage=1),
         S.megatron("model"),
@@ -166,7 +166,7 @@ def test_the_same_goal_as_the_python_api():
         S.replicate("params/**/scale", "model"),
     ]
     assert goal.search == Search(seconds=5, episodes=10_000, seed=1, prune=None, rollout="random")
-    assert goal.notes == []
+    assert goal.notes == ()
     # the inputs were built by the named function with the given sizes
     params, _, data = goal.args
     assert params["embed"].shape == (64, 32) and data["tokens"].shape == (8, 16)
@@ -174,7 +174,7 @@ def test_the_same_goal_as_the_python_api():
 
 def test_load_goal_text_resolves_files_from_base_dir(tmp_path):
     goal = load_goal_text(TINY + "axis batch { batch }", "t.partir", base_dir=GOALS)
-    assert goal.schedule == [S.batch("batch")]
+    assert list(goal.schedule) == [S.batch("batch")]
     assert goal.filename == "t.partir"
     # a goal file elsewhere, naming the model by a relative path
     rel = os.path.relpath(os.path.join(GOALS, "tiny_model.py"), tmp_path)

@@ -101,10 +101,13 @@ def test_a_program_not_affine_in_depth_is_searched_whole():
 
 
 def test_auto_search_replays_its_actions_in_order_on_the_full_program():
-    goals = [gpt_goal(6, proxy=p) for p in (True, False)]
-    for g in goals:
-        g.schedule = [st.auto("batch"), st.auto("model")]
-        g.search = partir.Search(seed=0, episodes=60, proxy=g.search.proxy)
+    goals = [
+        gpt_goal(6, proxy=p).replace(
+            schedule=[st.auto("batch"), st.auto("model")],
+            search=partir.Search(seed=0, episodes=60, proxy=p),
+        )
+        for p in (True, False)
+    ]
     fast, full = (partir.solve(g, baselines=False) for g in goals)
     assert fast.search["proxy"]["used"]
     assert sum(len(a["chosen"]) for a in fast.search["axes"]) > 1  # several actions replayed

@@ -76,7 +76,7 @@ def test_megatron_axis_finds_head_and_hidden_parallel_layers():
 
 def test_search_is_deterministic_for_a_seed_and_respects_an_episode_budget():
     goal = gpt_goal()
-    goal.search = partir.Search(seed=3, episodes=8)
+    goal = goal.replace(search=partir.Search(seed=3, episodes=8))
     a, b = partir.solve(goal, baselines=False), partir.solve(goal, baselines=False)
     assert a.specs == b.specs
     assert a.search["episodes"] <= 8
@@ -146,7 +146,8 @@ def test_a_zero_stop_is_its_own_state_scored_with_zero_applied():
     costs = [programs.cost((view.state,), extra=env.zero_at_stop(z)) for z in (None, 3)]
     assert costs[1].argument_bytes < costs[0].argument_bytes  # ZeRO-3 tiles the params
     # over a limit both miss, the reward follows memory: the ZeRO stop scores higher
-    goal.memory_limit = costs[1].peak_memory_bytes // 2
+    tight = goal.replace(memory_limit=costs[1].peak_memory_bytes // 2)
+    env = AxisEnvironment([view], "batch", 19, Reward(tight, programs), (3,))
     assert env.reward(zero) > env.reward(plain)
 
 
@@ -307,7 +308,7 @@ def test_manual_tile_and_replicate_are_honoured():
 
 def test_json_round_trip():
     goal = gpt_goal()
-    goal.search = partir.Search(seed=0, episodes=5)
+    goal = goal.replace(search=partir.Search(seed=0, episodes=5))
     plan = partir.solve(goal, baselines=False)
     again = partir.Plan.from_json(plan.to_json(), goal)
     assert again.specs == plan.specs and again.out_specs == plan.out_specs
@@ -377,13 +378,13 @@ def test_a_search_budget_that_means_nothing_is_refused(kw):
 
 def test_the_episode_budget_is_shared_by_the_axes_and_never_exceeded():
     goal = gpt_goal(schedule=[st.auto("batch"), st.auto("model")])
-    goal.search = partir.Search(seed=0, episodes=1)
+    goal = goal.replace(search=partir.Search(seed=0, episodes=1))
     plan = partir.solve(goal, baselines=False)
     assert plan.search["episodes"] == 1  # was one per axis: 2
     # an axis with nothing to choose (batch: its decisions are required) leaves its share
     # to the next one
     goal = gpt_goal()
-    goal.search = partir.Search(seed=0, episodes=8)
+    goal = goal.replace(search=partir.Search(seed=0, episodes=8))
     plan = partir.solve(goal, baselines=False)
     batch, model = plan.search["axes"]
     assert batch["episodes"] == 0
@@ -455,3 +456,25 @@ def test_without_a_memory_statement_the_devices_hbm_is_the_limit():
     plan = partir.solve(goal, baselines=False)
     assert plan.cost.fits and plan.cost.peak_memory_bytes <= 16 * 2**30
     assert "x" in str(plan.specs["w"])
+
+
+def test_a_goal_is_frozen_and_checked_when_built():
+    from partir.ir.specs import PlanError
+
+    goal = gpt_goal(schedule=[st.batch("batch"), st.megatron("model")])
+    with pytest.raises(AttributeError, match=r"goal.replace\(memory_limit=...\)"):
+        goal.memory_limit = 1
+    _ = goal.program
+    looser = goal.replace(memory_limit="1TiB")
+    assert looser.memory_limit == 1 << 40 and goal.memory_limit != looser.memory_limit
+    assert looser.program is goal.program  # the trace is shared, not redone
+    with pytest.raises(ValueError, match=r"schedule\[0\] is 'batch' \(str\), not a strategy"):
+        goal.replace(schedule=["batch"])
+    with pytest.raises(ValueError, match="schedule must be a list of strategies"):
+        goal.replace(schedule="batch")
+    with pytest.raises(PlanError, match="megatron keeps them whole"):
+        goal.replace(schedule=[st.batch("model"), st.megatron("model")])
+    with pytest.raises(PlanError, match=r"mesh axis 'modle'.*did you mean 'model'"):
+        goal.replace(schedule=[st.megatron("modle")])
+    with pytest.raises(TypeError, match="unknown fields"):
+        goal.replace(memory=1)

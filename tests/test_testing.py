@@ -208,7 +208,7 @@ def test_drawn_goal_texts_have_no_contradicting_statements(text_and_goal):
 
 
 def _solves(goal: partir.Goal) -> None:
-    goal.search = partir.Search(episodes=2, prune=None)  # the schedule is what is tested
+    goal = goal.replace(search=partir.Search(episodes=2, prune=None))  # the schedule is tested
     try:
         partir.solve(goal, baselines=False)
     except partir.PlanError as e:

@@ -9,32 +9,18 @@ from typing import Any
 
 import partir
 from partir.bench.cases import DEVICE, Case
-from partir.ir.program import Program
 from partir.ir.specs import PlanError
 from partir.models import get
 from partir.solver.baselines import expert_plans, expert_schedules, replicated_plan
 from partir.solver.plan import make_plan
 
 
-class TracedGoal(partir.Goal):
-    """A Goal whose program another goal of the same model and size has traced: a fresh
-    propagator and cost model for its mesh and schedule, the traced program shared."""
-
-    def __init__(self, traced: Program, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.traced = traced
-
-    @property
-    def program(self) -> Program:  # type: ignore[override]
-        return self.traced
-
-
-class Programs:
+class Traces:
     """One trace per (model, size): goals of different meshes and schedules share it."""
 
     def __init__(self) -> None:
         self.args: dict[tuple, Any] = {}
-        self.programs: dict[tuple, Program] = {}
+        self.traced: dict[tuple, partir.Goal] = {}  # the first goal of each: it holds the trace
         self.trace_seconds: dict[tuple, float] = {}
 
     def goal(self, c: Case, schedule: Sequence = (), prune: str | None = "cpsat") -> partir.Goal:
@@ -50,13 +36,13 @@ class Programs:
             objective=c.objective,
             search=partir.Search(prune=prune),
         )
-        if key in self.programs:
-            traced = self.programs[key]
-            return TracedGoal(traced, module.train_step, self.args[key], c.mesh_dict, **fields)
+        if key in self.traced:
+            return self.traced[key].replace(mesh=c.mesh_dict, **fields)
         goal = partir.Goal(module.train_step, self.args[key], c.mesh_dict, **fields)
         t0 = time.perf_counter()
-        self.programs[key] = goal.program
+        _ = goal.program
         self.trace_seconds[key] = time.perf_counter() - t0
+        self.traced[key] = goal
         return goal
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from partir.bench.cases import DEVICES, Case, schedule_for, schedule_text
 from partir.bench.experts import (
-    Programs,
+    Traces,
     best_expert,
     expert_candidates,
     same_only,
@@ -45,7 +45,7 @@ def _spec_str(spec) -> str:
 
 def run_case(
     c: Case,
-    programs: Programs,
+    programs: Traces,
     *,
     xla: bool = True,
     xla_cache: dict | None = None,

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from partir.bench.cases import Case
-from partir.bench.experts import Programs
+from partir.bench.experts import Traces
 from partir.bench.one_case import run_case
 from partir.bench.xla import ratio
 from partir.goal import parse_bytes
@@ -45,7 +45,7 @@ def _prune_row(c: Case, on: dict, off: dict) -> dict:
 def run_pruning(
     cases: Iterable[Case],
     results: dict[Case, dict],
-    programs: Programs,
+    programs: Traces,
     progress: Callable[[str], None] | None = None,
     tight: Iterable[str] = TIGHT_MODELS,
 ) -> list[dict]:

@@ -15,7 +15,7 @@ from partir.bench.cases import (
     schedule_for,
     schedule_text,
 )
-from partir.bench.experts import Programs
+from partir.bench.experts import Traces
 from partir.bench.one_case import run_case
 from partir.bench.xla import ratio
 
@@ -49,7 +49,7 @@ def _scaling_run(layers, size, mesh, scan: bool, progress) -> list[dict]:
         if progress:
             progress(f"scaling: gpt {n} layers{' (scan)' if scan else ''}")
         jax.clear_caches()
-        programs = Programs()
+        programs = Traces()
         c = case("gpt", f"{n} layers", mesh, "natural", **{**size, "layers": n, "scan": scan})
         r = run_case(c, programs, xla=False, experts="same")
         row = {"layers": n, "scan": scan, "ops": r.get("ops")}

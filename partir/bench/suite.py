@@ -20,7 +20,7 @@ from partir.bench.cases import (
     full_cases,
     quick_cases,
 )
-from partir.bench.experts import Programs
+from partir.bench.experts import Traces
 from partir.bench.fidelity import fidelity
 from partir.bench.one_case import run_case
 from partir.bench.pruning import run_pruning
@@ -79,7 +79,7 @@ def run(
     if pruning is None:
         pruning = [c for c in cases if c.schedule == "natural" and c.mesh_dict == MESH_2D]
     devices = len(jax.devices())
-    programs, xla_cache, expert_cache = Programs(), {}, {}
+    programs, xla_cache, expert_cache = Traces(), {}, {}
     results: dict[Case, dict] = {}
     for i, c in enumerate(cases):
         if progress:

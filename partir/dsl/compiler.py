@@ -72,11 +72,13 @@ def compile_spec(spec: GoalSpec, base_dir: str | None = None) -> Goal:
             filename=spec.filename,
             notes=spec.notes,
             devices=spec.devices,
+            # tracing happens later: its errors are reported at the program statement
+            statement_error=lambda key, message: spec.error(_statement_pos(spec, key), message),
         )
+    except GoalError:
+        raise
     except ValueError as e:  # the spec checks should have caught it; still say where
         raise spec.error(spec.positions.get("program", Pos()), first_line(e)) from None
-    # tracing happens later: its errors are reported at the program statement
-    goal.statement_error = lambda key, message: spec.error(_statement_pos(spec, key), message)
     return goal
 
 

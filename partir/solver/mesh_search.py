@@ -57,24 +57,10 @@ def candidate_meshes(goal: Goal) -> list[dict[str, int]]:
 
 
 def with_mesh(goal: Goal, mesh: dict[str, int], search: Any = None) -> Goal:
-    """`goal` on a concrete mesh, sharing its traced program."""
-    g = Goal(
-        goal.fn,
-        goal.args,
-        mesh,
-        device=goal.device,
-        memory_limit=goal.memory_limit,
-        objective=goal.objective,
-        schedule=goal.schedule,
-        search=search or goal.search,
-        data_inputs=goal.data_inputs,
-        donate=goal.donate,
-        honour_constraints=goal.honour_constraints,
-        filename=goal.filename,
-        notes=goal.notes,
-    )
-    g.__dict__["program"] = goal.program  # the trace does not depend on the mesh
-    return g
+    """`goal` on a concrete mesh, sharing its traced program (the trace does not depend
+    on the mesh)."""
+    _ = goal.program
+    return goal.replace(mesh=mesh, devices=None, search=search or goal.search)
 
 
 SCREEN_EPISODES = 4  # the first round's search per shape

@@ -63,19 +63,7 @@ def truncate(args: Any, k: int) -> Any:
 
 
 def _copy(goal: Goal, args: Any) -> Goal:
-    return Goal(
-        goal.fn,
-        args,
-        goal.mesh,
-        device=goal.device,
-        memory_limit=goal.memory_limit,
-        objective=goal.objective,
-        schedule=goal.schedule,
-        search=goal.search,
-        data_inputs=goal.data_inputs,
-        donate=goal.donate,
-        honour_constraints=goal.honour_constraints,
-    )
+    return goal.replace(args=args)
 
 
 def _counts(goal: Goal) -> list[int]:

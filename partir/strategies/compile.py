@@ -13,10 +13,9 @@ import dataclasses
 
 from partir.goal import Goal
 from partir.ir.groups import Action, Group
-from partir.ir.messages import did_you_mean
 from partir.ir.propagate import Decision, State
 from partir.ir.specs import PlanError, glob_match
-from partir.strategies.base import AxisContext, Constraints, Strategy, conflict
+from partir.strategies.base import AxisContext, Constraints, Strategy
 from partir.strategies.manual import Replicate, Tile
 
 
@@ -33,12 +32,7 @@ class AxisProblem:
 def schedule_axes(goal: Goal) -> list[str]:
     """Mesh axes in schedule order: first appearance in the schedule, then the rest."""
     order: list[str] = []
-    for s in goal.schedule:
-        if s.axis not in goal.mesh:
-            raise PlanError(
-                f"strategy {s.name} names mesh axis {s.axis!r}, which the mesh "
-                f"{goal.mesh} lacks{did_you_mean(s.axis, goal.mesh)}"
-            )
+    for s in goal.schedule:  # each on an axis of the mesh (the Goal checked)
         if s.axis not in order and not isinstance(s, Tile | Replicate):
             order.append(s.axis)
     return order
@@ -59,12 +53,9 @@ def tile_of(goal: Goal, d: Decision) -> Tile | None:
 def compile_axis(
     goal: Goal, axis: str, state: State, groups: list[Group], priority: int
 ) -> AxisProblem:
-    """The constraints of every strategy on `axis`, relative to `state` (earlier axes)."""
+    """The constraints of every strategy on `axis`, relative to `state` (earlier axes);
+    the Goal checked that they do not contradict each other."""
     strategies = [s for s in goal.schedule if s.axis == axis]
-    for k, s in enumerate(strategies):
-        why = conflict(strategies[: k + 1])
-        if why is not None:
-            raise goal.strategy_error(s, why)
     ctx = AxisContext(goal, axis, state, groups)
     own = [s.constrain(ctx, priority + k) for k, s in enumerate(strategies)]
     combined = Constraints()
