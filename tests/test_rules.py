@@ -190,12 +190,14 @@ def test_every_zoo_primitive_has_a_rule():
         jnp.log2,
         lambda x: jnp.polyval(jnp.array([1.0, 2.0, 3.0]), x),
         jnp.empty_like,
+        lambda x: jnp.ldexp(*jnp.frexp(x)),
     ],
-    ids=["exact-gelu-grad", "log2", "polyval", "empty_like"],
+    ids=["exact-gelu-grad", "log2", "polyval", "empty_like", "frexp-ldexp"],
 )
 def test_primitives_of_newer_jax_have_rules(fn):
-    """jax 0.12 emits log2, polynomial (erf's derivative, polyval) and empty (empty_like);
-    on older jax the same functions trace to primitives the table had already."""
+    """jax 0.12 emits log2, polynomial (erf's derivative, polyval), empty (empty_like) and
+    call_hi_primitive (frexp, ldexp: the tracer expands it); on older jax the same functions
+    trace to primitives the table had already."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rules = rules_of(fn, S((4, 8), f32))
