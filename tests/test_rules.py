@@ -200,6 +200,29 @@ def test_every_zoo_primitive_has_a_rule():
     assert [p for p in listed if p not in RULES] == []
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [
+        jax.grad(lambda x: jax.nn.gelu(x, approximate=False).sum()),
+        jnp.log2,
+        lambda x: jnp.polyval(jnp.array([1.0, 2.0, 3.0]), x),
+        jnp.empty_like,
+        lambda x: jnp.ldexp(*jnp.frexp(x)),
+    ],
+    ids=["exact-gelu-grad", "log2", "polyval", "empty_like", "frexp-ldexp"],
+)
+def test_primitives_of_newer_jax_have_rules(fn):
+    """jax 0.12 emits log2, polynomial (erf's derivative, polyval), empty (empty_like) and
+    call_hi_primitive (frexp, ldexp: the tracer expands it); on older jax the same functions
+    trace to primitives the table had already."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rules = rules_of(fn, S((4, 8), f32))
+    assert rules
+    assert [w for w in caught if issubclass(w.category, UnknownPrimitiveWarning)] == []
+    assert all(r.endswith("{i=4, j=8}") for r in rules if r.split()[0] in ("log2", "polynomial"))
+
+
 def test_unstack_is_stack_reversed():
     """jax >= 0.11 emits unstack (iterating an array, random.split): built directly here
     so the rule is checked on every supported jax."""

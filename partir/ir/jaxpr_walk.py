@@ -32,6 +32,19 @@ INLINED_CALLS = {
 }
 
 
+def expand_high_primitives(closed: Any) -> Any:
+    """`closed` (a ClosedJaxpr) with JAX's higher-level primitives expanded into the
+    primitives they are built of, as `jax.jit` does before it compiles: jax >= 0.12 stages a
+    few `jnp` functions (frexp, ldexp, histogram, ...) as one `call_hi_primitive`, which has
+    no sharding rule. Unused equations are dropped on the way (JAX's dead-code pass).
+    Unchanged when there are none, and on jax versions that have none."""
+    if not getattr(closed.jaxpr, "is_high", False):
+        return closed
+    from jax._src.interpreters import partial_eval as pe
+
+    return pe.lower_jaxpr2(closed)
+
+
 def open_jaxpr(j: Any) -> tuple[Any, Sequence[Any]]:
     """(Jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
     if isinstance(j, jex.core.ClosedJaxpr):

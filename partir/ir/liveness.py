@@ -2,9 +2,10 @@
 
 XLA never stores every value of a program. What it does, and what this module models:
 
-- Free values: constants broadcast from scalars, iotas, and layout or pointwise ops of only
-  those (a causal mask, the `finfo.min` fill beside it, `zeros_like`). XLA fuses them into their
-  readers and never materialises them; any device makes them in any sharding.
+- Free values: constants broadcast from scalars, iotas, `empty` (lowered as zeros), and layout
+  or pointwise ops of only those (a causal mask, the `finfo.min` fill beside it, `zeros_like`).
+  XLA fuses them into their readers and never materialises them; any device makes them in any
+  sharding.
 - Dead code: a value no op reads and the program does not return, and the ops that only feed
   such values. XLA removes them.
 - Fusion: a pointwise or layout op whose result is read only by pointwise, layout or
@@ -33,7 +34,7 @@ from partir.ir.rules import POINTWISE
 
 LAYOUT = frozenset((
     "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "rev", "slice", "iota",
-    "convert_element_type", "copy", "copy_p",
+    "convert_element_type", "copy", "copy_p", "empty",
 ))  # fmt: skip
 _NOT_FUSED = frozenset(("sharding_constraint", "reshard", "mesh_cast", "optimization_barrier"))
 # ops whose one result XLA computes inside its reader's kernel
@@ -45,8 +46,8 @@ FUSES_INPUTS = FUSIBLE | frozenset((
 ))  # fmt: skip
 # pointwise ops XLA does not duplicate into several readers (transcendentals, division)
 EXPENSIVE = frozenset((
-    "exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "div", "rem", "pow", "sqrt",
-    "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2", "lgamma", "digamma",
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "logistic", "tanh", "div", "rem", "pow",
+    "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2", "lgamma", "digamma",
     "integer_pow",
 ))  # fmt: skip
 # link kinds whose outer value the loop body reads on every iteration

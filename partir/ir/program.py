@@ -24,6 +24,7 @@ from partir.ir.jaxpr_walk import (
     BODY,
     COND,
     JaxprWalker,
+    expand_high_primitives,
     inlined_jaxpr,
     open_jaxpr,
     scan_counts,
@@ -395,6 +396,7 @@ def trace(fn: Callable, args: Sequence[Any], *, names: Sequence[str] | None = No
     abstract = jax.tree_util.tree_map(abstractify, args)
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
+        closed = expand_high_primitives(closed)
     except Exception as e:  # the user's function (or its arguments) fails under JAX
         name = getattr(fn, "__qualname__", None) or repr(fn)
         raise TraceError(f"tracing {name} on the given arguments failed: {first_line(e)}") from e

@@ -506,6 +506,7 @@ def _generate(ins, outs, params) -> Rule:
 
 
 def _iota(ins, outs, params) -> Rule:
+    """iota, empty (jnp.empty_like on jax >= 0.12): no operand, every result dim free."""
     b = Builder(ins, outs)
     for d, size in enumerate(outs[0]):
         b.factor(size, results={0: d})
@@ -595,6 +596,7 @@ POINTWISE = [
     "lgamma",
     "log",
     "log1p",
+    "log2",  # jax >= 0.12 (jnp.log2)
     "logistic",
     "lt",
     "max",
@@ -609,6 +611,7 @@ POINTWISE = [
     "one_minus_square",  # jax >= 0.11.2: 1 - x**2, tanh's derivative
     "or",
     "polygamma",
+    "polynomial",  # jax >= 0.12: x and its coefficients (scalars or x's shape), by Horner
     "population_count",
     "pow",
     "pvary",
@@ -656,6 +659,7 @@ RULES: dict[str, Callable[..., Rule]] = {
     "dot_general": _dot_general,
     "dynamic_slice": _same_size_dims,
     "dynamic_update_slice": _dynamic_update_slice,
+    "empty": _iota,
     "expand_dims": _expand_dims,
     "gather": _gather,
     "iota": _iota,
