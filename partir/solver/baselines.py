@@ -67,10 +67,27 @@ def _per_layer(goal: Goal, rules: dict, axis: str) -> Rules:
     return {k: P(None, *spec) for k, spec in filled.items()}
 
 
+# Megatron for a U-Net's residual blocks: the first conv column-parallel (output channels,
+# with its bias, the time projection added to it and the norm after it), the second
+# row-parallel (input channels); the other convs (in, out, skip, down/upsampling) replicated.
+CONV_MEGATRON = {
+    "**/conv1/w": P(None, None, None, "{m}"),
+    "**/conv1/b": P("{m}"),
+    "**/time/w": P(None, "{m}"),
+    "**/time/b": P("{m}"),
+    "**/norm2/scale": P("{m}"),
+    "**/norm2/bias": P("{m}"),
+    "**/conv2/w": P(None, None, "{m}"),
+}
+
+
 def megatron_rules(goal: Goal, axis: str) -> Rules:
     """Megatron on `axis` for the goal's model family."""
-    if _family(goal) == "mlp":
+    family = _family(goal)
+    if family in ("mlp", "graph"):
         return _mlp_megatron(goal, axis)
+    if family == "conv":
+        return _fill(CONV_MEGATRON, m=axis)
     return _per_layer(goal, MEGATRON, axis)
 
 
@@ -127,6 +144,8 @@ def zero_rules(goal: Goal, axis, *, params: bool, taken: Schedule = ()) -> Rules
             for pattern, spec in stage.items():
                 if pattern == path or glob_match(pattern, path):
                     used |= {d for d, e in enumerate(spec) if e is not None}
+                    if axis in spec:  # an earlier stage tiles it on this axis already
+                        used = set(range(len(shape)))
                     break
         d = largest_dividing_dim(shape, n, exclude=used)
         if d is not None:
@@ -166,6 +185,10 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
         plans["NODE"] = lambda: [batch_rules(goal, data, node)]
         plans["EDGE+Z3"] = lambda: [batch_rules(goal, data, edge),
                                     zero_rules(goal, data, params=True)]  # fmt: skip
+        if model:
+            mp = megatron_rules(goal, model)
+            plans["EDGE+MP+Z3"] = lambda: [batch_rules(goal, data, edge), mp,
+                                           zero_rules(goal, data, params=True, taken=[mp])]  # fmt: skip
     else:
         plans["BP"] = lambda: [bp()]
         if model is None:  # ZeRO stages on a 1-D mesh; on more axes, FSDP over all of them
@@ -176,18 +199,26 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
             every = tuple(axes)
             plans["FSDP"] = lambda: [batch_rules(goal, every),
                                      zero_rules(goal, every, params=True)]  # fmt: skip
-    if family in ("transformer", "moe", "mlp") and model:
+    if family in ("transformer", "moe", "mlp", "conv") and model:
         mp = megatron_rules(goal, model)
         plans["MP"] = lambda: [mp]
         plans["BP+MP"] = lambda: [bp(), mp]
         plans["BP+MP+Z3"] = lambda: [bp(), mp, zero_rules(goal, data, params=True,
                                                           taken=[mp])]  # fmt: skip
-        if family != "mlp":
+        if family in ("transformer", "moe"):
             plans["BP+EMB"] = lambda: [bp(), _fill(EMBEDDING, m=model)]
     if family == "moe":
         ep_axis = model or data
         ep = expert_parallel_rules(goal, ep_axis)
         plans["EP"] = lambda: [bp(), ep] if model else [ep]
+        # what `expert` and `megatron` together on one axis do: experts and attention heads
+        if model:
+            ep_mp = {**ep, **megatron_rules(goal, model)}
+            plans["BP+EP+MP+Z3"] = lambda: [bp(), ep_mp, zero_rules(goal, data, params=True,
+                                                                    taken=[ep_mp])]  # fmt: skip
+        else:
+            plans["BP+EP+Z3"] = lambda: [bp(), ep, zero_rules(goal, data, params=True,
+                                                              taken=[ep])]  # fmt: skip
     if len(axes) >= 3:
         plans.update(_three_axes(goal, family))
     return plans
@@ -207,13 +238,17 @@ def _three_axes(goal: Goal, family: str) -> dict[str, Callable[[], Schedule]]:
         edge = _edge_paths(goal)
         plans["EDGE+FSDP"] = lambda: [batch_rules(goal, data, edge), batch_rules(goal, fsdp, edge),
                                       zero_rules(goal, fsdp, params=True)]  # fmt: skip
+        mp = megatron_rules(goal, tensor)
+        plans["EDGE+FSDP+MP"] = lambda: [batch_rules(goal, data, edge),
+                                         batch_rules(goal, fsdp, edge), mp,
+                                         zero_rules(goal, fsdp, params=True, taken=[mp])]  # fmt: skip
         return plans
 
     def bp2() -> Schedule:
         return [batch_rules(goal, data), batch_rules(goal, fsdp)]
 
     plans["BP+FSDP"] = lambda: [*bp2(), zero_rules(goal, fsdp, params=True)]
-    if family in ("transformer", "moe", "mlp"):
+    if family in ("transformer", "moe", "mlp", "conv"):
         mp = megatron_rules(goal, tensor)
         plans["BP+FSDP+MP"] = lambda: [*bp2(), mp, zero_rules(goal, fsdp, params=True,
                                                                taken=[mp])]  # fmt: skip
@@ -221,10 +256,15 @@ def _three_axes(goal: Goal, family: str) -> dict[str, Callable[[], Schedule]]:
         ep = expert_parallel_rules(goal, tensor)
         plans["BP+FSDP+EP"] = lambda: [*bp2(), ep, zero_rules(goal, fsdp, params=True,
                                                                taken=[ep])]  # fmt: skip
+        ep_mp = {**ep, **megatron_rules(goal, tensor)}
+        plans["BP+FSDP+EP+MP"] = lambda: [*bp2(), ep_mp, zero_rules(goal, fsdp, params=True,
+                                                                    taken=[ep_mp])]  # fmt: skip
     return plans
 
 
 def _mlp_megatron(goal: Goal, model: str) -> Rules:
+    """Megatron in each stack of dense layers (`.../layers/<i>/w`): even layers
+    column-parallel (with their biases), odd layers row-parallel."""
     out: Rules = {}
     for path in goal.program.inputs:
         parts = path.split("/")
