@@ -117,6 +117,14 @@ class Plan:
 
         return partitioned(self, tree, argument)
 
+    def nnx_sharding(self, state, argument: int = 0):
+        """Argument `argument` as Flax NNX state (an `nnx.State`, or a Module's) with each
+        Variable's sharding metadata set to this plan's mesh axes, so that
+        `nnx.get_partition_spec` gives the plan's specs (needs flax)."""
+        from partir.solver.nnx_export import nnx_sharding
+
+        return nnx_sharding(self, state, argument)
+
     def rules_source(self, filename: str = "rules.py") -> str:
         """`to_rules()` as a Python module (or JSON, for a `.json` filename): `RULES`, plus
         `spec_for(path)` and `tree_specs(tree, prefix)` that apply them without partir."""
