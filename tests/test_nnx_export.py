@@ -162,3 +162,41 @@ def test_nnx_sharding_of_a_pure_dict_program_and_its_errors():
     with pytest.raises(partir.PlanError, match="params/bias: no input of the program"):
         plan.nnx_sharding(other)
     assert jnp.asarray(model_state["up"]["kernel"].get_value()).shape == (32, 128)
+
+
+class NamedMLP(nnx.Module):
+    """The MLP with logical dim names, as MaxText-style NNX code writes its parameters."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        init, zeros = nnx.initializers.lecun_normal(), nnx.initializers.zeros
+        self.up = nnx.Linear(32, 128, kernel_init=nnx.with_partitioning(init, ("embed", "mlp")),
+                             bias_init=nnx.with_partitioning(zeros, ("mlp",)), rngs=rngs)  # fmt: skip
+        self.down = nnx.Linear(128, 32, kernel_init=nnx.with_partitioning(init, ("mlp", "embed")),
+                               rngs=rngs)  # fmt: skip
+
+    def __call__(self, x):
+        return self.down(jax.nn.gelu(self.up(x)))
+
+
+def test_nnx_logical_names_read_back_as_logical_axis_rules():
+    with nnx.use_eager_sharding(False):  # logical names are no mesh axes: no placing yet
+        model = NamedMLP(nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)
+    model_def, model_state = nnx.split(model)
+    opt_def, opt_state = nnx.split(optimizer)
+
+    def train_step(model, optimizer, batch):
+        m, o = nnx.merge(model_def, model), nnx.merge(opt_def, optimizer)
+        loss, grads = nnx.value_and_grad(loss_fn)(m, batch)
+        o.update(m, grads)
+        return nnx.state(m), nnx.state(o), loss
+
+    goal = goal_for(train_step, (model_state, opt_state, batch_data()))
+    plan = partir.plan(goal, MEGATRON)
+    logical = (nnx.get_partition_spec(model_state), nnx.get_partition_spec(opt_state),
+               {"x": P("activation_batch"), "y": P("activation_batch")})  # fmt: skip
+    rules = plan.logical_axis_rules(logical)  # the moments carry their parameter's names
+    assert rules == [("mlp", "model"), ("embed", None), ("activation_batch", "batch")]
+    with nnx.logical_axis_rules(rules):
+        assert flat_specs(nnx.get_partition_spec(model_state)) == planned(plan, "model")
+        assert flat_specs(nnx.get_partition_spec(opt_state)) == planned(plan, "optimizer")

@@ -73,7 +73,7 @@ def match_tree(spec: Any, arg: Any, out: list, keys: tuple, names: Sequence[str]
     if _is_spec(spec):
         out.append((keys, spec, len(jax.tree_util.tree_leaves(arg))))
         return
-    if arg is None or (hasattr(arg, "shape") and hasattr(arg, "dtype")):
+    if arg is None or jax.tree_util.all_leaves([arg]):  # an NNX Variable has a shape: a node
         raise PlanError(
             f"{where()}: the shardings have {_describe(spec)} where the args have "
             f"{_describe(arg)}; give one PartitionSpec, NamedSharding or None here"
