@@ -93,6 +93,9 @@ def test_nnx_sharding_gives_nnx_the_plans_specs_and_jit_with_them_matches_unshar
     assert flat_specs(nnx.get_partition_spec(model_state)) == planned(plan, "model")
     assert flat_specs(nnx.get_partition_spec(opt_state)) == planned(plan, "optimizer")
     assert any(planned(plan, "model"))  # something is tiled
+    specs = (nnx.get_partition_spec(model_state), nnx.get_partition_spec(opt_state),
+             {"x": P("batch"), "y": P("batch")})  # fmt: skip
+    assert partir.plan(goal, specs).specs == plan.specs  # NNX's specs read back as jit's
 
     mesh = jax.make_mesh((2, 4), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
     batch_sharding = {k: NamedSharding(mesh, plan.specs[f"batch/{k}"]) for k in args[2]}
