@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import partir
 from partir import strategies as st
+from partir.solver.plan import partition_rules
 
 MESH = {"batch": 2, "model": 4}
 MEGATRON = [{"batch/*": P("batch")},
@@ -203,3 +204,15 @@ def test_nnx_logical_names_read_back_as_logical_axis_rules():
     with nnx.logical_axis_rules(rules):
         assert flat_specs(nnx.get_partition_spec(model_state)) == planned(plan, "model")
         assert flat_specs(nnx.get_partition_spec(opt_state)) == planned(plan, "optimizer")
+
+
+def test_one_argument_folds_copies_of_a_tree_but_not_sibling_modules():
+    tiled, whole = ((), ("model",)), ((), ())
+    state = {"state/params/dense/w": tiled, "state/params/dense/b": whole,
+             "state/params/head/w": whole, "state/params/head/b": whole,
+             "state/opt_state/0/mu/dense/w": tiled, "state/opt_state/0/mu/dense/b": whole,
+             "state/opt_state/0/mu/head/w": whole, "state/opt_state/0/mu/head/b": whole}  # fmt: skip
+    assert partition_rules(state) == [("**/dense/w", tiled), ("**", ())]
+    layers = {"params/linear_0/w": tiled, "params/linear_0/b": whole,
+              "params/linear_1/w": whole, "params/linear_1/b": whole}  # fmt: skip
+    assert partition_rules(layers) == [("params/linear_0/w", tiled), ("**", ())]

@@ -42,8 +42,8 @@ def nnx_sharding(plan: Any, state: Any, argument: int = 0) -> Any:
         )
     out = []
     for keys, var in pairs:
-        if not is_var(var):
-            out.append(var)
+        if not is_var(var) or not jax.tree_util.tree_leaves(var):
+            out.append(var)  # no array: nothing to shard
             continue
         path = _input_path(var, path_str(prefix, keys), inputs)
         value = var.get_value()
