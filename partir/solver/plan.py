@@ -117,6 +117,14 @@ class Plan:
 
         return partitioned(self, tree, argument)
 
+    def nnx_sharding(self, state, argument: int = 0):
+        """Argument `argument` as Flax NNX state (an `nnx.State`, or a Module's) with each
+        Variable's sharding metadata set to this plan's mesh axes, so that
+        `nnx.get_partition_spec` gives the plan's specs (needs flax)."""
+        from partir.solver.nnx_export import nnx_sharding
+
+        return nnx_sharding(self, state, argument)
+
     def rules_source(self, filename: str = "rules.py") -> str:
         """`to_rules()` as a Python module (or JSON, for a `.json` filename): `RULES`, plus
         `spec_for(path)` and `tree_specs(tree, prefix)` that apply them without partir."""
@@ -301,7 +309,35 @@ def _shared_tails(paths: Sequence[str]) -> dict[str, str]:
         tail = p.partition("/")[2]
         if p not in found and tail in shared:
             found[p] = tail
+    for arg in dict.fromkeys(p.partition("/")[0] for p in paths):
+        own = [p for p in paths if p.partition("/")[0] == arg]
+        if not any(p in found for p in own):
+            found.update(_mirrored_tails(own))
     return found
+
+
+def _mirrored_tails(paths: Sequence[str]) -> dict[str, str]:
+    """{path: its tail below the subtree it mirrors}, within one argument: a train state
+    holding the parameters and the optimizer moments (`state/model/w`,
+    `state/opt_state/0/mu/w`, `state/opt_state/0/nu/w`). The mirrors are the largest set of
+    subtrees with the same leaf paths (two or more), not all under one parent: siblings
+    alike (`linear_0`, `linear_1`; layers) are repeated modules, not an optimizer's copy."""
+    below: dict[str, set[str]] = {}
+    for p in paths:
+        parts = p.split("/")
+        for i in range(2, len(parts)):
+            below.setdefault("/".join(parts[:i]), set()).add("/".join(parts[i:]))
+    groups: dict[frozenset[str], list[str]] = {}
+    for prefix, tails in below.items():
+        if len(tails) >= 2:
+            groups.setdefault(frozenset(tails), []).append(prefix)
+    best: list[str] = []
+    best_size = 0
+    for tails, prefixes in groups.items():
+        parents = {q.rpartition("/")[0] for q in prefixes}
+        if len(prefixes) >= 2 and len(parents) >= 2 and len(tails) > best_size:
+            best, best_size = prefixes, len(tails)
+    return {p: p[len(q) + 1 :] for q in best for p in paths if p.startswith(q + "/")}
 
 
 def partition_rules(shardings: Mapping[str, Sharding]) -> list[tuple[str, Sharding]]:

@@ -73,14 +73,14 @@ def match_tree(spec: Any, arg: Any, out: list, keys: tuple, names: Sequence[str]
     if _is_spec(spec):
         out.append((keys, spec, len(jax.tree_util.tree_leaves(arg))))
         return
-    if arg is None or (hasattr(arg, "shape") and hasattr(arg, "dtype")):
+    if arg is None or jax.tree_util.all_leaves([arg]):  # an NNX Variable has a shape: a node
         raise PlanError(
             f"{where()}: the shardings have {_describe(spec)} where the args have "
             f"{_describe(arg)}; give one PartitionSpec, NamedSharding or None here"
         )
     s_children, s_def = _children(spec)
     a_children, a_def = _children(arg)
-    if s_def != a_def:
+    if s_def != a_def and not _alike(spec, arg, s_children, a_children):
         hint = ""
         if isinstance(spec, Mapping) and isinstance(arg, Mapping):
             missing = [str(k) for k in arg if k not in spec]
@@ -95,6 +95,13 @@ def match_tree(spec: Any, arg: Any, out: list, keys: tuple, names: Sequence[str]
         )
     for (k, s), (_, a) in zip(s_children, a_children):
         match_tree(s, a, out, keys + (k,), names)
+
+
+def _alike(spec: Any, arg: Any, s_children: list, a_children: list) -> bool:
+    """Nodes of one type with the same child keys, whose static data may differ (an NNX
+    Variable annotated with a sharding beside the same Variable without)."""
+    keys = lambda pairs: [k for k, _ in pairs]  # noqa: E731
+    return type(spec) is type(arg) and keys(s_children) == keys(a_children)
 
 
 def display_keys(keys: tuple, names: Sequence[str]) -> str:
