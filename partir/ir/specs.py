@@ -26,7 +26,7 @@ def to_sharding(spec: PartitionSpec | Iterable | None, rank: int) -> Sharding:
     entries = tuple(spec) if spec is not None else ()
     if len(entries) > rank:
         raise PlanError(f"spec {spec} has {len(entries)} entries for a value of rank {rank}")
-    out = []
+    out: list[tuple[str, ...]] = []
     for e in entries + (None,) * (rank - len(entries)):
         if e is None:
             out.append(())
