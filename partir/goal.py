@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from partir.ir import units
 from partir.ir.constraints import constraint_decisions
@@ -55,7 +55,7 @@ class Search:
     episodes: int | None = None
     seed: int = 0
     prune: str | None = "cpsat"
-    rollout: str = "random"
+    rollout: Literal["random", "greedy"] = "random"
     patience: int | None = 200
     uct_c: float = 1.4
     proxy: bool = True  # search a deep model on its 1- and 2-layer copies (solver/proxy)
