@@ -22,7 +22,7 @@ def _fake_devices(n: int) -> None:
     import jax
 
     try:
-        if jax.config.jax_num_cpu_devices < n:
+        if jax.config.jax_num_cpu_devices < n:  # type: ignore[attr-defined]  # a dynamic option
             jax.config.update("jax_num_cpu_devices", n)
     except Exception:  # the backend already started: plans needing more devices will say so
         pass
@@ -33,11 +33,13 @@ def _positive_seconds(text: str) -> float:
     from partir.goal import Search
 
     try:
-        return Search(seconds=float(text)).seconds
+        seconds = Search(seconds=float(text)).seconds
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"must be a positive number of seconds, not {text!r}"
         ) from None
+    assert seconds is not None  # given, so kept
+    return seconds
 
 
 def _console():
@@ -259,7 +261,7 @@ def cmd_verify(args) -> int:
     plan = _load_plan(goal, args.plan)
     goal = plan.goal or goal  # an open mesh's goal on the plan's shape
     report = verify(goal, plan)
-    numerics = None
+    numerics: float | str | None = None
     if args.numerics:
         from partir.testing.checks import NumericsMismatch, check_numerics
 

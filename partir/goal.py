@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from partir.ir import units
 from partir.ir.constraints import constraint_decisions
@@ -54,7 +55,7 @@ class Search:
     episodes: int | None = None
     seed: int = 0
     prune: str | None = "cpsat"
-    rollout: str = "random"
+    rollout: Literal["random", "greedy"] = "random"
     patience: int | None = 200
     uct_c: float = 1.4
     proxy: bool = True  # search a deep model on its 1- and 2-layer copies (solver/proxy)
@@ -111,9 +112,10 @@ def _trace_key(fn: Callable, args: Sequence[Any]) -> tuple | None:
     leaves, tree = jax.tree_util.tree_flatten(tuple(args))
     sig = tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves)
     try:
-        return hash((fn, tree, sig)) and (fn, tree, sig)
+        hash((fn, tree, sig))
     except TypeError:  # an unhashable function object: trace it every time
         return None
+    return fn, tree, sig
 
 
 def read_mesh(mesh: Any) -> tuple[Any, dict[str, int | None]]:
@@ -333,10 +335,7 @@ class Goal:
     def num_devices(self) -> int:
         if self.devices is not None:
             return self.devices
-        n = 1
-        for s in self.mesh.values():
-            n *= s
-        return n
+        return math.prod(self.sizes.values())  # devices is None only when every axis has a size
 
     @property
     def open_axes(self) -> list[str]:
@@ -353,7 +352,7 @@ class Goal:
                 prog = trace(self.fn, self.args)
         except SystemExit as e:
             name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
-            err: Exception = TraceError(f"tracing {name} called sys.exit({e.code!r})")
+            err: Exception | None = TraceError(f"tracing {name} called sys.exit({e.code!r})")
         except TraceError as e:
             err = e
         else:
@@ -393,16 +392,22 @@ class Goal:
         return any(isinstance(s, FSDP) or (isinstance(s, Batch) and s.inputs is None)
                    for s in self.schedule)  # fmt: skip
 
-    @functools.cached_property
-    def propagator(self) -> Propagator:
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The mesh as {axis: size}, for a goal whose every axis has a size (see open_axes)."""
         if self.open_axes:
             raise ValueError(
                 f"the mesh {self.mesh} has axes of no size yet; partir.solve chooses them "
                 "(or give every axis a size)"
             )
-        seed = constraint_decisions(self.program, self.mesh) if self.honour_constraints else []
+        return {a: s for a, s in self.mesh.items() if s is not None}
+
+    @functools.cached_property
+    def propagator(self) -> Propagator:
+        sizes = self.sizes
+        seed = constraint_decisions(self.program, sizes) if self.honour_constraints else []
         with paused_gc():
-            return Propagator(self.program, self.mesh, seed, self.replicated())
+            return Propagator(self.program, sizes, seed, self.replicated())
 
     def replicated(self) -> dict[int, set[str]]:
         """The axes the schedule's `replicate` statements keep off each input (value id)."""

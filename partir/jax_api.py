@@ -137,6 +137,7 @@ class Jit:
         self.searches += 1
         path = self._cache_path(goal)
         if path is not None:
+            assert self.cache_dir is not None  # a plan file is only kept under cache_dir
             os.makedirs(self.cache_dir, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:

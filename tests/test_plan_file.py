@@ -44,6 +44,14 @@ def test_a_plan_file_reads_back_as_written(solved):
     assert json.loads(plan.to_json())["specs"] == record["specs"]
 
 
+def test_a_plan_read_without_its_goal_says_so_when_asked_for_a_value(solved):
+    _, record = solved
+    bare = Plan.from_json(json.dumps(record))
+    assert bare.specs  # its input specs are all it has
+    with pytest.raises(ValueError, match="pass goal="):
+        bare.value_sharding(0)
+
+
 def test_edited_specs_win_over_the_recorded_decisions(solved):
     tmp, record = solved
     sharded = [p for p, s in record["specs"].items() if any(s)]

@@ -29,7 +29,7 @@ class Traces:
         if key not in self.args:
             preset = c.size if c.size in module.PRESETS else None
             self.args[key] = module.example_args(abstract=True, preset=preset, **dict(c.overrides))
-        fields = dict(
+        fields: dict[str, Any] = dict(
             device=DEVICE,
             memory_limit=c.memory_limit,
             schedule=list(schedule),

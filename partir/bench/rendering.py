@@ -28,6 +28,7 @@ def _case_row(r: dict) -> list[str]:
     if "error" in r:
         return [r["model"], r["size"], mesh_text(r["mesh"]), _case_schedule(r),
                 "error: " + r["error"][:60], *["-"] * 12]  # fmt: skip
+    assert s is not None  # a case without an error has its searched plan
     mark = lambda c: "" if c is None or c["fits"] else " *"  # noqa: E731
     return [
         r["model"],

@@ -33,7 +33,7 @@ DEFAULT_REPORT = os.path.join("docs", "benchmarks.md")
 def _versions() -> dict:
     import importlib.metadata as md
 
-    out = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": platform.python_version()}
     for pkg in ("jax", "jaxlib", "ortools", "partir"):
         try:
             out[pkg] = md.version(pkg)
@@ -48,7 +48,7 @@ def fake_devices(n: int = DEVICES) -> None:
     import jax
 
     try:
-        if jax.config.jax_num_cpu_devices < n:
+        if jax.config.jax_num_cpu_devices < n:  # type: ignore[attr-defined]  # a dynamic option
             jax.config.update("jax_num_cpu_devices", n)
     except Exception:  # the backend already started; bigger meshes are not compiled
         pass
@@ -79,7 +79,9 @@ def run(
     if pruning is None:
         pruning = [c for c in cases if c.schedule == "natural" and c.mesh_dict == MESH_2D]
     devices = len(jax.devices())
-    programs, xla_cache, expert_cache = Traces(), {}, {}
+    programs = Traces()
+    xla_cache: dict = {}
+    expert_cache: dict = {}
     results: dict[Case, dict] = {}
     for i, c in enumerate(cases):
         if progress:

@@ -534,7 +534,7 @@ class _Builder:
     def search_arg(self, key: str, value: Literal, pos: Pos) -> Any:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if key == "seconds":
-            if not number or not math.isfinite(value) or value <= 0:
+            if not number or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise self.error(pos, f"seconds must be a positive number, not {_show(value)}")
             return float(value)
         if key in ("episodes", "patience"):
@@ -546,7 +546,7 @@ class _Builder:
                 raise self.error(pos, f"seed must be an integer, not {_show(value)}")
             return value
         if key == "uct_c":
-            if not number or value < 0:
+            if not number or not isinstance(value, int | float) or value < 0:
                 raise self.error(pos, f"uct_c must be a number >= 0, not {_show(value)}")
             return float(value)
         if key == "proxy":

@@ -75,7 +75,7 @@ class GoalSpec:
     filename: str
     program: EntryPoint
     inputs: EntryPoint
-    mesh: dict[str, int]  # an axis written `NAME=?` has size None: see `devices`
+    mesh: dict[str, int | None]  # an axis written `NAME=?` has size None: see `devices`
     device: Device | None = None
     memory_limit: int | None = None
     objective: str = "time"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import functools
 from typing import Any
@@ -135,33 +136,33 @@ class _ToRecords(Transformer):
     def list(self, meta: Any, items: list) -> ListValue:
         return ListValue(tuple(x for x in items if x is not None), Pos.of(meta))
 
-    def kwarg(self, children: list) -> Arg:
+    def kwarg(self, children: builtins.list) -> Arg:
         return Arg(children[0], children[1])
 
-    def posarg(self, children: list) -> Arg:
+    def posarg(self, children: builtins.list) -> Arg:
         return Arg(None, children[0])
 
     @v_args(meta=True)
-    def call(self, meta: Any, args: list) -> Call:
+    def call(self, meta: Any, args: builtins.list) -> Call:
         return Call(tuple(a for a in args if a is not None), Pos.of(meta))
 
-    def mesh_axis(self, children: list) -> tuple[Word, Num | Word]:
+    def mesh_axis(self, children: builtins.list) -> tuple[Word, Num | Word]:
         return children[0], children[1]
 
     @v_args(meta=True)
-    def mesh_over(self, meta: Any, children: list) -> MeshOver:
+    def mesh_over(self, meta: Any, children: builtins.list) -> MeshOver:
         return MeshOver(children[0], Pos.of(meta))
 
-    def device_field(self, children: list) -> Field:
+    def device_field(self, children: builtins.list) -> Field:
         return Field(*children)
 
-    def device_block(self, fields: list) -> tuple[Field, ...]:
+    def device_block(self, fields: builtins.list) -> tuple[Field, ...]:
         return tuple(fields)
 
-    def strategy(self, children: list) -> Strategy:
+    def strategy(self, children: builtins.list) -> Strategy:
         return Strategy(*children)
 
-    def __default__(self, data: Any, children: list, meta: Any) -> Statement:
+    def __default__(self, data: Any, children: builtins.list, meta: Any) -> Statement:
         # Every other rule is a statement, named by its keyword.
         keyword = "axis" if data == "axis_block" else str(data)
         return Statement(keyword, Pos.of(meta), tuple(children))
@@ -280,7 +281,9 @@ def _usage_hint(e: UnexpectedInput) -> str | None:
     if getattr(e, "state", None) is None:
         return None
     try:
-        return e.match_examples(_raise_cached, _usage_examples())
+        # _raise_cached raises the example's error and returns no tree: match_examples only
+        # needs the parse function to raise (its stub asks for one that returns a Tree)
+        return e.match_examples(_raise_cached, _usage_examples())  # type: ignore[arg-type]
     except Exception:  # a hint is a nicety; never let it hide the real error
         return None
 
@@ -296,7 +299,7 @@ def _terminal_words() -> dict[str, str]:
 
 
 def _expected(e: UnexpectedInput) -> set[str]:
-    state = getattr(e, "state", None)
+    state: Any = getattr(e, "state", None)  # lark's parser state, if any: untyped internals
     try:
         return {t for t in state.parse_conf.parse_table.states[state.position] if t.isupper()}
     except Exception:
@@ -394,7 +397,7 @@ def syntax_error(e: UnexpectedInput, source: Source) -> GoalError:
 def _unknown_statement(tok: Token, expected: set[str], source: Source) -> str:
     from partir.ir.messages import did_you_mean
 
-    rest = source.line_text(tok.line)[tok.end_column - 1 :] if tok.end_column else ""
+    rest = source.line_text(tok.line)[tok.end_column - 1 :] if tok.line and tok.end_column else ""
     if "COMMA" in expected and rest.lstrip().startswith("="):
         return f"expected ',' before mesh axis '{tok}'"
     from partir.ir.units import UNITS

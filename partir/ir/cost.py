@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -130,7 +130,7 @@ class OpCost:
     collectives: tuple[tuple[str, Axes, int, tuple | None], ...]
     # a result left as a partial sum: (kind, axes) of its reduction and the bytes of the
     # unreduced buffer, which lives until the (combined) reduction runs
-    partial: tuple[str, Axes, float] | None = None
+    partial: tuple[str, Axes, int] | None = None
 
 
 class CostModel:
@@ -193,7 +193,7 @@ class CostModel:
         n = self._ways[s] = math.prod(self.prop.size(axes) for axes in s)
         return n
 
-    def memory(self, state: State, extra: list[tuple[int, int, float]] = ()) -> tuple[int, int]:
+    def memory(self, state: State, extra: Sequence[tuple[int, int, float]] = ()) -> tuple[int, int]:
         """(argument bytes, peak live bytes) per device; `extra`: buffers of the state's
         collectives as (start, end, bytes), see `cost`."""
         lb = self.local_bytes(state)
@@ -265,7 +265,7 @@ class CostModel:
         n = len(shardings)
         n_in = sum(1 for v in op.inputs if v is not None)
         keeps = None
-        cands = []
+        cands: list[OpCost] = []
         for first in range(n):
             order = [first] + [t for t in range(n) if t != first]
             cand = self._run_with(op, tensors, shardings, order)
@@ -297,7 +297,7 @@ class CostModel:
                     if kind is Kind.PASS or (kind is Kind.REDUCTION and t < n_in):
                         fa[f] = axes
                         used |= set(axes)
-        colls: list[tuple[str, Axes, int]] = []
+        colls: list[tuple[str, Axes, int, tuple | None]] = []
         nbytes = 0.0  # HBM traffic: buffers read and written (fused and free values are none)
         partial = [a for f, axes in fa.items() if rule.kinds[f] is Kind.REDUCTION for a in axes]
         unreduced = None
@@ -538,7 +538,7 @@ def _source(op) -> str:
     return f"{op.primitive} (op {op.index}){where}"
 
 
-def local_size(shape, sharding: Sharding, mesh: Mapping[str, int]) -> int:
+def local_size(shape, sharding: Sequence[Axes], mesh: Mapping[str, int]) -> int:
     n = math.prod(shape)
     for axes in sharding:
         for a in axes:

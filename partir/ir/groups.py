@@ -96,6 +96,7 @@ def find_groups(prog: Program) -> list[Group]:
     param_tails = {}
     for path, vid in prog.inputs.items():
         if path in carried and is_param(path):
+            assert prefix is not None  # is_param holds only under a prefix
             param_tails[path[len(prefix) + 1 :]] = vid
     keyed: dict[tuple, dict[str, list[int]]] = {}
     names: dict[tuple, str] = {}
@@ -104,6 +105,7 @@ def find_groups(prog: Program) -> list[Group]:
         if path not in carried:
             role, tail = "data", path
         elif is_param(path):
+            assert prefix is not None  # is_param holds only under a prefix
             role, tail = "params", path[len(prefix) + 1 :]
         else:
             role = "moments"
@@ -166,7 +168,7 @@ def matmul_operands(prog: Program) -> set[int]:
                 if op.primitive in through:
                     nxt = op.inputs[1:] if op.primitive == "_link" else op.outputs
                     for w in nxt:
-                        if w not in seen:
+                        if w is not None and w not in seen:  # a link's ends are never None
                             seen.add(w)
                             frontier.append(w)
     return out
@@ -177,7 +179,8 @@ def _same_dim(rule: Rule, src: int, dim: int, dst: int) -> int | None:
     dst dim whose major factor is src dim's only factor (tensors count operands first,
     then results), or None."""
     tensors = rule.operands + rule.results
-    factors = tensors[src][dim] if tensors[src] is not None else ()
+    src_factors = tensors[src]
+    factors = src_factors[dim] if src_factors is not None else ()
     if len(factors) != 1 or rule.kinds[factors[0]] is not Kind.PASS:
         return None
     return next((d for d, fs in enumerate(tensors[dst] or ()) if fs[:1] == factors), None)
@@ -210,7 +213,9 @@ def gathered_tables(prog: Program) -> dict[int, int]:
                     if op.primitive == "_link":
                         if src != 0:
                             continue
-                        nxt = [(1, op.inputs[1])]
+                        link_dst = op.inputs[1]
+                        assert link_dst is not None  # a link joins two values
+                        nxt = [(1, link_dst)]
                     else:
                         nxt = [(len(op.inputs) + k, w) for k, w in enumerate(op.outputs)]
                     for t, w in nxt:
@@ -243,7 +248,9 @@ def expert_dims(prog: Program) -> dict[int, int]:
                 if op.primitive in through:
                     nxt = [(w, shift) for w in op.outputs]
                 elif op.primitive == "_link" and op.inputs[0] == v and op.params["kind"] == "xs":
-                    nxt = [(op.inputs[1], shift + op.params["offset"])]
+                    link_dst = op.inputs[1]
+                    assert link_dst is not None  # a link joins two values
+                    nxt = [(link_dst, shift + op.params["offset"])]
                 else:
                     continue
                 for w, s in nxt:

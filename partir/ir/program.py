@@ -247,7 +247,7 @@ class _Builder(JaxprWalker):
     def constant(self, x: Any) -> int:
         return self.new_value(jax.ShapeDtypeStruct(np.shape(x), x.dtype))
 
-    def run(
+    def run(  # type: ignore[override]  # the walker's **context is always mult (and scope) here
         self, jaxpr: Any, consts: Sequence[Any], args: Sequence[int | None], prefix: tuple = (),
         *, mult: int, scope: str = "",
     ) -> list[int]:  # fmt: skip
@@ -262,7 +262,7 @@ class _Builder(JaxprWalker):
     def result(self, vid: int | None, atom: Any) -> int:
         return self.new_value(atom.aval) if vid is None else vid  # a literal: a value of its own
 
-    def equation(
+    def equation(  # type: ignore[override]  # the walker's **context is always mult (and scope) here
         self, eqn: Any, ins: list[int | None], key: tuple, *, mult: int, scope: str = ""
     ) -> list[int]:
         scope = _join_scope(scope, eqn)

@@ -86,11 +86,13 @@ def attach_rules(program: Program) -> None:
     counts = Counter(op.primitive for op in program.ops if op.rule is None)
     warned: set[str] = set()
     same: dict[tuple, Rule] = {}  # repeated layers repeat their ops: one rule per signature
+    key: tuple | None
     for op in program.ops:
         if op.rule is not None:
             continue
         if op.primitive == "_link":
             src, dst = op.inputs
+            assert src is not None and dst is not None  # a link joins two values
             key = ("_link", vals[src].shape, vals[dst].shape, op.params["offset"])
             if key not in same:
                 same[key] = link_rule(*key[1:])
@@ -151,9 +153,7 @@ class Propagator:
         self.ops_of: list[list[int]] = [[] for _ in program.values]
         ops_of = self.ops_of
         for i, op in enumerate(program.ops):
-            ins = op.inputs
-            if None in ins:  # a literal operand
-                ins = tuple(v for v in ins if v is not None)
+            ins = tuple(v for v in op.inputs if v is not None)  # a literal operand is None
             vids = ins + op.outputs
             self.operands.append(ins)
             self.vids.append(vids)
@@ -175,7 +175,8 @@ class Propagator:
         """Op `i`'s tensors as (value id, per-dim factors), operands first."""
         op = self.program.ops[i]
         rule: Rule = op.rule
-        ts = [(v, f) for v, f in zip(op.inputs, rule.operands) if v is not None]
+        # a literal operand (None) has no factors (None)
+        ts = [(v, f) for v, f in zip(op.inputs, rule.operands) if v is not None and f is not None]
         return ts + list(zip(op.outputs, rule.results))
 
     # -- states ---------------------------------------------------------------------
@@ -291,7 +292,7 @@ class Propagator:
         repeated layer) share them: computed once, by tensor position, rebound to op `i`."""
         vids = self.vids[i]
         current = tuple(map(shardings.get, vids))
-        held = tuple(v in frozen for v in vids) if frozen else None
+        held: tuple | None = tuple(v in frozen for v in vids) if frozen else None
         if i in self._blocked_ops:
             held = (held, tuple(map(self.blocked.get, vids)))
         key = (self.kinds[i], current, held)

@@ -101,8 +101,9 @@ class Builder:
         self.sizes.append(int(size))
         self.kinds.append(kind)
         for i, d in (operands or {}).items():
-            if self.op_dims[i] is not None:
-                self.op_dims[i][d].append(f)
+            dims = self.op_dims[i]
+            if dims is not None:
+                dims[d].append(f)
         for i, d in (results or {}).items():
             self.res_dims[i][d].append(f)
         return f
@@ -110,7 +111,7 @@ class Builder:
     def build(self, reduce_op: str = "sum", unmapped: Kind = Kind.REPLICATE) -> Rule:
         """The rule; each dim no factor maps gets a factor of kind `unmapped` of its own."""
         for dims, shape in zip(self.op_dims, self.ins):
-            if dims is not None:
+            if dims is not None and shape is not None:
                 for d, fs in enumerate(dims):
                     if not fs:
                         fs.append(self.factor(shape[d], unmapped))
@@ -265,7 +266,7 @@ def _shard_map(ins, outs, params) -> Rule:
         for i, (spec, shape) in enumerate(zip(specs, shapes)):
             for d, entry in enumerate(tuple(spec)[: len(shape or ())]):
                 if entry is not None:
-                    b.factor(shape[d], **{side: {i: d}})
+                    b.factor(shape[d], Kind.PASS, **{side: {i: d}})
     return b.build()
 
 

@@ -11,6 +11,7 @@ import fnmatch
 import functools
 import math
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from jax.sharding import PartitionSpec
 
@@ -21,12 +22,14 @@ from partir.ir.propagate import Sharding
 class PlanError(ValueError):
     """A plan or spec that cannot apply to the program: the message names the place."""
 
+    keys: tuple[str, ...] = ()  # in a plan file: the JSON keys that lead to the place
+
 
 def to_sharding(spec: PartitionSpec | Iterable | None, rank: int) -> Sharding:
     entries = tuple(spec) if spec is not None else ()
     if len(entries) > rank:
         raise PlanError(f"spec {spec} has {len(entries)} entries for a value of rank {rank}")
-    out = []
+    out: list[tuple[str, ...]] = []
     for e in entries + (None,) * (rank - len(entries)):
         if e is None:
             out.append(())
@@ -93,9 +96,12 @@ def _match(pat: tuple[str, ...], parts: tuple[str, ...]) -> bool:
     return n in reached
 
 
+V = TypeVar("V")
+
+
 def resolve(
-    rules: Mapping[str, object], paths: Iterable[str], *, strict: bool = True
-) -> dict[str, object]:
+    rules: Mapping[str, V], paths: Iterable[str], *, strict: bool = True
+) -> dict[str, V]:
     """{path: value} for the paths some rule matches; the first matching rule wins.
 
     With `strict`, a rule that matches no path is an error that names the closest paths.
@@ -104,7 +110,7 @@ def resolve(
     patterns = list(rules)
     order = {pattern: k for k, pattern in enumerate(patterns)}
     globs = [(k, p) for p, k in order.items() if any(c in p for c in "*?[")]
-    out: dict[str, object] = {}
+    out: dict[str, V] = {}
     hits = dict.fromkeys(rules, 0)
     for path in paths:
         best = order.get(path, len(order))

@@ -63,6 +63,7 @@ def _numpy_leaf(rng: np.random.Generator, leaf: Init) -> np.ndarray:
 def materialize(key: Key, spec: PyTree) -> Params:
     """Replace every `Init` leaf of `spec` by an array (jax.Array for a JAX key, else NumPy)."""
     leaves, treedef = jax.tree.flatten(spec)
+    arrays: list[np.ndarray] | list[jax.Array]
     if isinstance(key, np.random.Generator):
         arrays = [_numpy_leaf(key, leaf) for leaf in leaves]
     else:

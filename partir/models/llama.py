@@ -280,7 +280,7 @@ def run_layers(layers: list[Params] | Params, x: jax.Array, cfg: Config) -> jax.
         # Under scan the recompute cannot be hoisted out of the backward loop, so CSE
         # prevention is not needed there (JAX's own advice); unrolled, it keeps remat.
         layer = jax.checkpoint(layer, policy=policy, prevent_cse=not scanned)
-    if scanned:
+    if isinstance(layers, dict):  # scanned
         x, _ = jax.lax.scan(lambda h, p: (layer(p, h), None), x, layers)
         return x
     for p in layers:

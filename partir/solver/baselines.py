@@ -9,7 +9,7 @@ parallelism, then ZeRO). `**/attn/q` covers a parameter and its optimizer moment
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from jax.sharding import PartitionSpec as P
 
@@ -109,7 +109,7 @@ def _size(goal: Goal, axis: str | tuple[str, ...]) -> int:
     axes = (axis,) if isinstance(axis, str) else axis
     n = 1
     for a in axes:
-        n *= goal.mesh[a]
+        n *= goal.sizes[a]
     return n
 
 
@@ -128,7 +128,7 @@ def batch_rules(goal: Goal, axis, paths: list[str] | None = None) -> Rules:
     return out
 
 
-def zero_rules(goal: Goal, axis, *, params: bool, taken: Schedule = ()) -> Rules:
+def zero_rules(goal: Goal, axis, *, params: bool, taken: Sequence[Rules] = ()) -> Rules:
     """ZeRO: optimizer state (and with `params`, parameters) tiled on `axis` (or a tuple
     of axes) along their largest dim that it divides and that earlier stages left whole."""
     prog = goal.program

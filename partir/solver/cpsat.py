@@ -56,7 +56,8 @@ def _solve(groups: Sequence[Group], budget: int, queries: Sequence[Query]) -> li
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
-    actions, wholes, terms = [], [], []
+    actions: list[cp_model.IntVar] = []
+    wholes, terms = [], []
     for k, (size, tiled) in enumerate(groups):
         whole = m.new_bool_var(f"whole{k}")
         chosen = [m.new_bool_var(f"a{len(actions) + i}") for i in range(len(tiled))]

@@ -85,7 +85,7 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
         outs = replay.run(closed.jaxpr, closed.consts, flat, ())
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
-    donate_argnums = ()
+    donate_argnums: tuple[int, ...] = ()
     if donate:
         carried = {p.split("/", 1)[0] for p in prog.carried.values()}
         donate_argnums = tuple(i for i, n in enumerate(prog.arg_names) if n in carried)
@@ -165,7 +165,7 @@ class _Replay(JaxprWalker):
             res.append(x)
         return res
 
-    def equation(self, eqn, ins, key) -> list:
+    def equation(self, eqn, ins, key, **context: Any) -> list:
         outs = self._replay(eqn, ins, key)
         if not isinstance(outs, list | tuple):
             outs = [outs]

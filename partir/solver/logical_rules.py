@@ -70,7 +70,7 @@ def partitioned(plan: Any, tree: Any, argument: int = 0) -> Any:
             f"the tree has {len(leaves)} arrays but argument {prefix!r} of the program has "
             f"{len(paths)}; pass the argument the program was planned with"
         )
-    boxed = []
+    boxed: list[Any] = []
     for x, path in zip(leaves, paths):
         spec = plan.specs[path]
         rank = len(getattr(x, "shape", ()))

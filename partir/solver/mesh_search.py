@@ -52,7 +52,7 @@ def candidate_meshes(goal: Goal) -> list[dict[str, int]]:
     out = []
     for sizes in factorizations(goal.num_devices // fixed, len(open_)):
         chosen = dict(zip(open_, sizes))
-        out.append({a: chosen.get(a, s) for a, s in goal.mesh.items()})
+        out.append({a: chosen[a] if s is None else s for a, s in goal.mesh.items()})
     return out
 
 
@@ -124,7 +124,7 @@ def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tupl
         row, plan = _solve_one(goal, mesh, search, progress)
         return row, plan.cost if plan is not None else None
     t = time.perf_counter()
-    row: dict[str, Any] = {"mesh": mesh}
+    row = {"mesh": mesh}
     one, two = proxy.shallow
     try:
         p2 = solve(two, progress=progress, baselines=False)
@@ -149,7 +149,7 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
     first = dataclasses.replace(full, episodes=SCREEN_EPISODES) if screen else full
     rows: list[dict[str, Any]] = []
     found: dict[tuple, Any] = {}
-    costs: dict[tuple, Any] = {}
+    costs: dict[tuple, tuple[dict[str, int], Any]] = {}  # (mesh, estimated cost)
     for mesh in candidate_meshes(goal):
         if screen:
             row, cost = _screen_one(goal, mesh, first, progress)
@@ -169,9 +169,10 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
         more = f" (and {len(rows) - 3} more)" if len(rows) > 3 else ""
         raise PlanError(f"no mesh shape of {goal.num_devices} devices works: {reasons}{more}")
     if screen:
-        ranked = sorted(costs.values(), key=functools.cmp_to_key(
-            lambda a, b: -1 if better(goal, a[1], b[1]) else
-            (1 if better(goal, b[1], a[1]) else 0)))  # fmt: skip
+        def by_cost(a: tuple[dict[str, int], Any], b: tuple[dict[str, int], Any]) -> int:
+            return -1 if better(goal, a[1], b[1]) else (1 if better(goal, b[1], a[1]) else 0)
+
+        ranked = sorted(costs.values(), key=functools.cmp_to_key(by_cost))
         top = ranked[0][1]
         finalists = [m for m, c in ranked[:FINALISTS]
                      if c.fits == top.fits
@@ -188,6 +189,10 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
     for plan in found.values():
         if best is None or better(plan.goal, plan.cost, best.cost):
             best = plan
+    if best is None:  # the screening kept shapes whose full search then failed
+        reasons = "; ".join(f"{_mesh_str(r['mesh'])}: {r['error']}"
+                            for r in rows if r["round"] == "searched")  # fmt: skip
+        raise PlanError(f"no mesh shape of {goal.num_devices} devices works: {reasons}")
     for r in rows:
         r["chosen"] = r["mesh"] == best.mesh and r["round"] == "searched"
     if baselines:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from jax.sharding import PartitionSpec
 
@@ -50,9 +50,15 @@ class Plan:
         self.decisions: list[list[Decision]] | None = None
         self.baselines = dict(baselines or {})
         self.search = dict(search or {})
-        self.mesh = dict(mesh if mesh is not None else goal.mesh)
+        if mesh is None:
+            if goal is None:
+                raise ValueError("a Plan without a goal needs its mesh")
+            mesh = goal.sizes
+        self.mesh = dict(mesh)
         self.device = device or (goal.device.name if goal else "")
         if in_shardings is None:
+            if goal is None or state is None:
+                raise ValueError("a Plan needs its in_shardings, or a goal and a state")
             prog, prop = goal.program, goal.propagator
             in_shardings = {p: prop.sharding(state, v) for p, v in prog.inputs.items()}
             out_shardings = {}
@@ -71,6 +77,8 @@ class Plan:
         return {p: to_spec(s) for p, s in self.out_shardings.items()}
 
     def value_sharding(self, vid: int) -> Sharding:
+        if self.goal is None or self.state is None:
+            raise ValueError("this plan has no goal (it was read from JSON alone); pass goal=")
         return self.goal.propagator.sharding(self.state, vid)
 
     def jit(self, mesh=None, *, donate: bool = False, constrain: bool = True):
@@ -434,7 +442,7 @@ def _file_spec(goal: Goal, path: str, entry: Any) -> Sharding:
     vid = prog.inputs[path]
     shape = prog.values[vid].shape
     sharding = to_sharding(spec_from_json(entry), len(shape))
-    check_sharding(path, shape, sharding, goal.mesh)
+    check_sharding(path, shape, sharding, goal.sizes)
     for axis in (a for axes in sharding for a in axes):
         if prop.blocks(vid, axis):
             raise PlanError(
@@ -449,7 +457,8 @@ def _file_decisions(goal: Goal, record: Any) -> list[list[Decision]]:
     in range, mesh axes, and one dim per input and axis."""
     if not isinstance(record, list) or not all(isinstance(c, list) for c in record):
         raise PlanError("the plan file's decisions are not a list of lists of decisions")
-    calls, dims = [], {}
+    calls: list[list[Decision]] = []
+    dims: dict[tuple[str, str], int] = {}
     seen: dict[str, int] = {}  # how often each path came before: its n-th mention
     for call in record:
         decisions = []
@@ -520,7 +529,7 @@ class _where:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, err, tb) -> bool:
+    def __exit__(self, kind, err, tb) -> Literal[False]:
         if isinstance(err, PlanError):
             _at(err, *self.keys)
         return False
@@ -626,7 +635,7 @@ def input_decisions(
         shape = prog.values[vid].shape
         sharding = to_sharding(spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec),
                                len(shape))  # fmt: skip
-        check_sharding(path, shape, sharding, goal.mesh)
+        check_sharding(path, shape, sharding, goal.sizes)
         prio = priority + (1 if path in state_paths else 0)
         decisions += [
             Decision(prio, vid, d, a, position=k)

@@ -67,8 +67,8 @@ def prune_actions(
     model_ = goal.cost_model
     axes = schedule_axes(goal)
     later = axes[axes.index(problem.axis) + 1 :]
-    n = goal.mesh[problem.axis]
-    rest = math.prod(goal.mesh[a] for a in later)
+    n = goal.sizes[problem.axis]
+    rest = math.prod(goal.sizes[a] for a in later)
     if cost is None:
         cost = model_.cost(state, detail=False)
     activations = max(cost.peak_memory_bytes - cost.argument_bytes, 0) / (n * rest)

@@ -67,6 +67,7 @@ def _search(goal: Goal, t0: float, progress) -> Plan:
     """On the shallow copies where they stand in for the program (see proxy), else whole;
     whole too when the copies mispredict their plan on the full program."""
     episodes = goal.search.episodes
+    why: str | None
     proxy, why = make_proxy(goal) if goal.search.proxy else (None, "switched off")
     if proxy is None:
         return _solve(goal, None, why, progress, _seconds_left(goal, t0), episodes)
@@ -132,7 +133,7 @@ def _solve(
     for k, axis in enumerate(axes):
         priority = 10 * (k + 1)
         problem = programs.compile_axis(axis, priority)
-        reward.later = math.prod(goal.mesh[a] for a in axes[k + 1 :])
+        reward.later = math.prod(goal.sizes[a] for a in axes[k + 1 :])
         reward.cache.clear()  # rewards depend on the axis (later, the deferred stages)
         zero_stages = AUTO_ZERO_STAGES if _zero_may_help(reward, problem) else ()
         env = AxisEnvironment(programs.searched, axis, priority + 9, reward, zero_stages)
@@ -157,7 +158,7 @@ def _solve(
             uct_c=search.uct_c,
             seed=search.seed + k,
             rollout=search.rollout,
-            progress=(lambda e, s, b, _axis=axis: progress(_axis, e, s, b)) if progress else None,
+            progress=functools.partial(progress, axis) if progress else None,
         )
         best = result.best_state if result.best_state is not None else root
         chosen = _chosen(programs, best, axis)
@@ -192,7 +193,7 @@ def _solve(
         with programs.on_full:
             alt = _from_inputs(goal, plan)
     repropagated = alt is not None and better(goal, alt.cost, plan.cost)
-    if repropagated:
+    if alt is not None and repropagated:
         plan = alt
     predicted = programs.predicted()
     plan.search = {
@@ -277,6 +278,7 @@ def _zero_may_help(reward: Reward, problem: AxisProblem) -> bool:
 
 def _from_inputs(goal: Goal, plan: Plan) -> Plan | None:
     """The plan that the input shardings alone give, propagated from scratch."""
+    assert plan.state is not None  # a searched plan has its state
     fresh = afresh(goal, plan.state)
     if fresh is None:
         return None

@@ -100,5 +100,6 @@ def _improves(cost: Cost, best: Cost, better: Callable[[Cost, Cost], bool]) -> b
 def _with_dim(deferred: Deferred, i: int, key: GroupKey, dim: int | None) -> Deferred:
     """`deferred` with its `i`-th strategy giving the group `key` the dim `dim`."""
     priority, s = deferred[i]
+    assert isinstance(s, (Zero, FSDP))  # options index only the ZeRO-tiling strategies
     s = dataclasses.replace(s, dims=tuple({**dict(s.dims), key: dim}.items()))
     return [*deferred[:i], (priority, s), *deferred[i + 1 :]]

@@ -61,7 +61,7 @@ class AxisContext:
 
     @property
     def size(self) -> int:
-        return self.goal.mesh[self.axis]
+        return self.goal.sizes[self.axis]
 
     def free_dims(self, vid: int) -> list[int]:
         """Dims of `vid` that the axis divides and no earlier axis tiles."""

@@ -85,7 +85,8 @@ def peak_from_buffer_assignment(
         ends.setdefault(e, []).append(name)
     live: dict[tuple[int, int], Counter[int]] = {}
     live_names: set[str] = set()
-    total, best, best_at, best_names = 0, 0, 0, frozenset()
+    total, best, best_at = 0, 0, 0
+    best_names: frozenset[str] = frozenset()
     for t in sorted(set(starts) | set(ends)):
         for name in starts.get(t, ()):
             a, o, size = slots[name]

@@ -20,7 +20,7 @@ def optimized_hlo_text(compiled) -> str:
     (which :func:`collectives_from_hlo` also handles, by looking operand names up).
     """
     try:
-        from jaxlib import _hlo
+        from jaxlib import _hlo  # type: ignore[attr-defined]  # private module, no stubs
 
         opts = _hlo.HloPrintOptions()
         opts.print_operand_shape = True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from hypothesis import strategies as st
 
@@ -26,8 +26,10 @@ def compatible(names: list[str]) -> bool:
 def strategy_named(name: str, axis: str, stage: int = 3) -> S.Strategy:
     if name == "zero":
         return S.zero(axis, stage=stage)
-    return {"batch": S.batch, "megatron": S.megatron, "auto": S.auto, "fsdp": S.fsdp,
-            "expert": S.expert}[name](axis)  # fmt: skip
+    makers: dict[str, Callable[[str], S.Strategy]] = {
+        "batch": S.batch, "megatron": S.megatron, "auto": S.auto, "fsdp": S.fsdp,
+        "expert": S.expert}  # fmt: skip
+    return makers[name](axis)
 
 
 class Manual:

@@ -69,6 +69,7 @@ class Recipe:
         params: dict[str, Any] = {}
         data: dict[str, Shape] = {}
         b, d, t = self.batch, self.width, self.seq
+        shape: Shape
         if self.start == "dense":
             data["x"], shape = (b, d), (b, d)
         elif self.start == "seq":
@@ -175,7 +176,7 @@ def _apply_step(step: Step, h: jax.Array, p: Mapping[str, jax.Array], idx: Any) 
 
 
 def _sds(shapes: Mapping[str, Any], ints: Sequence[str] = ()) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for name, shape in shapes.items():
         if isinstance(shape, Mapping):
             out[name] = _sds(shape)

@@ -77,7 +77,7 @@ def specs(
     if mesh is None:
         if not isinstance(program_or_goal, Goal):
             raise TypeError("specs(program, mesh): give the mesh, or pass a Goal")
-        mesh = program_or_goal.mesh
+        mesh = program_or_goal.sizes
     mesh = dict(mesh)
     shapes = input_shapes(program_or_goal)
 
