@@ -341,10 +341,10 @@ def _mirrored_tails(paths: Sequence[str]) -> dict[str, str]:
             groups.setdefault(frozenset(tails), []).append(prefix)
     best: list[str] = []
     best_size = 0
-    for tails, prefixes in groups.items():
+    for leaves, prefixes in groups.items():
         parents = {q.rpartition("/")[0] for q in prefixes}
-        if len(prefixes) >= 2 and len(parents) >= 2 and len(tails) > best_size:
-            best, best_size = prefixes, len(tails)
+        if len(prefixes) >= 2 and len(parents) >= 2 and len(leaves) > best_size:
+            best, best_size = prefixes, len(leaves)
     return {p: p[len(q) + 1 :] for q in best for p in paths if p.startswith(q + "/")}
 
 
