@@ -102,7 +102,7 @@ inputs  "partir.models.mlp:example_args"(preset="tiny")
 mesh    {mesh}
 axis batch {{ batch }}
 axis model {{ megatron }}
-search mcts(episodes=8)
+search mcts(episodes=24)
 """
 
 
@@ -157,8 +157,8 @@ def test_64_chips_gpt_data_fsdp_tensor_no_worse_than_meshes_chosen_by_hand():
     for data, fsdp, tensor in [(8, 1, 8), (4, 4, 4), (2, 8, 4), (8, 4, 2)]:
         mesh = {"data": data, "fsdp": fsdp, "tensor": tensor}
         hand = partir.solve(partir.Goal(gpt.train_step, args, mesh=mesh, **common), baselines=False)
-        # the mesh search gives each shape a shorter search than one fixed mesh gets: on the
-        # current cost model it came within 0.4% of 4x4x4 searched alone, and beat the others
+        # the mesh search screens each shape briefly and searches the best few in full: it
+        # chose 2x8x4 at 0.1670 s, the best of these, 4x4x4, at 0.1676 s
         assert plan.cost.step_time_s <= hand.cost.step_time_s * 1.01, mesh
 
 
@@ -166,7 +166,7 @@ def test_a_deep_model_is_screened_on_its_shallow_copies():
     args = mlp.example_args(preset="tiny", layers=6, d_in=64, d_out=64)  # a stack of 6
     goal = partir.Goal(mlp.train_step, args, mesh={"batch": None, "model": None}, devices=8,
                        schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(episodes=12, seed=0))  # fmt: skip
+                       search=partir.Search(episodes=24, seed=0))  # fmt: skip
     plan = partir.solve(goal)
     screened = [r for r in plan.search["meshes"] if r["round"] == "screened"]
     assert len(screened) == 4

@@ -63,7 +63,8 @@ def with_mesh(goal: Goal, mesh: dict[str, int], search: Any = None) -> Goal:
     return goal.replace(mesh=mesh, devices=None, search=search or goal.search)
 
 
-SCREEN_EPISODES = 4  # the first round's search per shape
+SCREEN_EPISODES = 16  # the first round's search per shape (at 4, 64-chip gpt's 4x4x4 screened
+# at 2x its searched cost and was left out of the finalists)
 FINALISTS = 3  # shapes searched in full: the best screened, within FINALIST_RATIO of it
 FINALIST_RATIO = 1.1
 

@@ -63,7 +63,7 @@ class Reward:
         self.reference = programs.cost(empty, deferred=False)
         # the product of the sizes of the axes still to search: a plan's peak is held to the
         # limit times this, the most those axes can divide it by (see the module docstring)
-        self.later = 1
+        self.later_ways = 1
         self.cache: dict[tuple[tuple[State, ...], Deferred], float] = {}  # cleared per axis
         self.evaluations = 0
         self.explored: list[tuple[float, int]] = []  # (step time, peak memory) per plan
@@ -81,8 +81,8 @@ class Reward:
     def of(self, cost: Cost) -> float:
         """The reward of a plan that costs `cost`."""
         limit = self.goal.memory_limit
-        if limit is not None and cost.peak_memory_bytes > limit * self.later:
-            return 0.5 * limit * self.later / cost.peak_memory_bytes
+        if limit is not None and cost.peak_memory_bytes > limit * self.later_ways:
+            return 0.5 * limit * self.later_ways / cost.peak_memory_bytes
         speedup = self.scale / max(metric(self.goal, cost), 1e-30)
         if self.goal.objective == "comm":  # no bound like N on it: a map that never saturates
             return 0.5 + 0.5 * speedup / (1 + speedup)

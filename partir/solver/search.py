@@ -133,7 +133,7 @@ def _solve(
     for k, axis in enumerate(axes):
         priority = 10 * (k + 1)
         problem = programs.compile_axis(axis, priority)
-        reward.later = math.prod(goal.sizes[a] for a in axes[k + 1 :])
+        reward.later_ways = math.prod(goal.sizes[a] for a in axes[k + 1 :])
         reward.cache.clear()  # rewards depend on the axis (later, the deferred stages)
         zero_stages = AUTO_ZERO_STAGES if _zero_may_help(reward, problem) else ()
         env = AxisEnvironment(programs.searched, axis, priority + 9, reward, zero_stages)
@@ -273,7 +273,7 @@ def _zero_may_help(reward: Reward, problem: AxisProblem) -> bool:
     if goal.memory_limit is None:
         return False
     peak = reward.programs.cost(reward.programs.states()).peak_memory_bytes
-    return peak > goal.memory_limit * reward.later
+    return peak > goal.memory_limit * reward.later_ways
 
 
 def _from_inputs(goal: Goal, plan: Plan) -> Plan | None:
