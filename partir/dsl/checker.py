@@ -12,13 +12,25 @@ from partir.dsl.errors import GoalError, Pos, Source
 from partir.dsl.goal_spec import AxisSpec, EntryPoint, GoalSpec, Literal, ManualSpec, StrategySpec
 from partir.dsl.parser import (
     Arg,
+    AxisStatement,
     Call,
+    ConstraintsStatement,
+    DeviceStatement,
     Field,
+    InputsStatement,
     ListValue,
+    MemoryStatement,
     MeshOver,
+    MeshStatement,
     Num,
+    ObjectiveStatement,
+    ProgramStatement,
+    PruneStatement,
+    ReplicateStatement,
+    SearchStatement,
     Statement,
     Str,
+    TileStatement,
     Word,
     parse_statements,
 )
@@ -250,8 +262,8 @@ class _Builder:
 
     # ---------------------------------------------------------------- statements
 
-    def entry_point(self, st: Statement) -> EntryPoint:
-        target: Str = st.parts[0]
+    def entry_point(self, st: ProgramStatement | InputsStatement) -> EntryPoint:
+        target = st.target
         module, sep, function = target.text.rpartition(":")
         ok = (
             sep
@@ -268,20 +280,18 @@ class _Builder:
             )
         return EntryPoint(target.text, pos=target.pos)
 
-    def _program(self, st: Statement) -> None:
+    def _program(self, st: ProgramStatement) -> None:
         self.program = self.entry_point(st)
 
-    def _inputs(self, st: Statement) -> None:
+    def _inputs(self, st: InputsStatement) -> None:
         ep = self.entry_point(st)
-        args, kwargs = self.kwargs(st.parts[1], "inputs", allow_positional=True)
+        args, kwargs = self.kwargs(st.call, "inputs", allow_positional=True)
         ep.args = tuple(args)
         ep.kwargs = {k: v for k, (v, _) in kwargs.items()}
         self.inputs = ep
 
-    def _mesh(self, st: Statement) -> None:
-        over = st.parts[-1] if st.parts and isinstance(st.parts[-1], MeshOver | None) else None
-        axes = st.parts[:-1] if st.parts and st.parts[-1] is over else st.parts
-        for name, size in axes:
+    def _mesh(self, st: MeshStatement) -> None:
+        for name, size in st.axes:
             if name.text in self.mesh:
                 raise self.error(
                     name.pos,
@@ -294,9 +304,9 @@ class _Builder:
                 what = f"the size of mesh axis '{name.text}'"
                 self.mesh[name.text] = self.positive_int(size, what)
             self.mesh_pos[name.text] = name.pos
-        self._mesh_over(st, over)
+        self._mesh_over(st.over)
 
-    def _mesh_over(self, st: Statement, over: MeshOver | None) -> None:
+    def _mesh_over(self, over: MeshOver | None) -> None:
         """`over N`: needed with a `NAME=?` axis, and N must be a multiple of the rest."""
         open_ = [a for a, s in self.mesh.items() if s is None]
         if over is None:
@@ -324,20 +334,16 @@ class _Builder:
             )
         self.devices = n
 
-    def _device(self, st: Statement) -> None:
-        fields: tuple[Field, ...] = ()
-        for part in st.parts:
-            if isinstance(part, Str):
-                if part.text not in DEVICES:
-                    raise self.error(
-                        part.pos,
-                        f"unknown device '{part.text}'{did_you_mean(part.text, DEVICES)} "
-                        f"(known devices: {', '.join(DEVICES)})",
-                    )
-                self.device_base = DEVICES[part.text]
-            elif part is not None:
-                fields = part
-        for f in fields:
+    def _device(self, st: DeviceStatement) -> None:
+        if st.name is not None:
+            if st.name.text not in DEVICES:
+                raise self.error(
+                    st.name.pos,
+                    f"unknown device '{st.name.text}'{did_you_mean(st.name.text, DEVICES)} "
+                    f"(known devices: {', '.join(DEVICES)})",
+                )
+            self.device_base = DEVICES[st.name.text]
+        for f in st.fields:
             self._device_field(f)
 
     def _device_field(self, f: Field) -> None:
@@ -402,22 +408,21 @@ class _Builder:
             fields["link_bandwidth"] = min(links.values())
         return Device(name="custom", links=links, **fields)
 
-    def _memory(self, st: Statement) -> None:
-        q = self.want(st.parts[0], ("size", "number"), "memory", "32GiB")
+    def _memory(self, st: MemoryStatement) -> None:
+        limit = st.limit
+        q = self.want(limit, ("size", "number"), "memory", "32GiB")
         if q.value <= 0:
-            raise self.error(
-                st.parts[0].pos, f"memory must be a positive size, not '{st.parts[0].text}'"
-            )
+            raise self.error(limit.pos, f"memory must be a positive size, not '{limit.text}'")
         if not q.is_int and not float(q.value).is_integer():
             raise self.error(
-                st.parts[0].pos,
-                f"memory must be a whole number of bytes, not '{st.parts[0].text}'; write a "
+                limit.pos,
+                f"memory must be a whole number of bytes, not '{limit.text}'; write a "
                 "size like 1.5GiB",
             )
         self.memory = int(q.value)
 
-    def _objective(self, st: Statement) -> None:
-        word: Word = st.parts[0]
+    def _objective(self, st: ObjectiveStatement) -> None:
+        word = st.name
         if word.text not in OBJECTIVES:
             raise self.error(
                 word.pos,
@@ -426,8 +431,8 @@ class _Builder:
             )
         self.objective = word.text
 
-    def _axis(self, st: Statement) -> None:
-        name: Word = st.parts[0]
+    def _axis(self, st: AxisStatement) -> None:
+        name = st.axis
         for block in self.axes:
             if block.name == name.text:
                 raise self.error(
@@ -436,7 +441,7 @@ class _Builder:
                     f"{block.pos.line}); put all of its strategies in one block",
                 )
         block = AxisSpec(name.text, [], name.pos)
-        for s in st.parts[1:]:
+        for s in st.strategies:
             spec = self.strategy(s.name, s.call, name.text)
             for other in block.strategies:
                 if other.strategy.name == spec.strategy.name:
@@ -487,8 +492,8 @@ class _Builder:
             raise self.error(name.pos, str(e).split("\n")[0]) from None
         return StrategySpec(strategy, name.pos, {k: a.value.pos for k, (_, a) in kwargs.items()})
 
-    def _tile(self, st: Statement) -> None:
-        path, dim, axis = st.parts
+    def _tile(self, st: TileStatement) -> None:
+        path, dim, axis = st.path, st.dim, st.axis
         self._check_path(path)
         q = self.quantity(dim)
         if q.kind != "number" or not q.is_int or q.value < 0:
@@ -499,8 +504,8 @@ class _Builder:
             ManualSpec(tile(path.text, int(q.value), axis.text), path.pos, dim.pos, axis.pos)
         )
 
-    def _replicate(self, st: Statement) -> None:
-        path, axis = st.parts
+    def _replicate(self, st: ReplicateStatement) -> None:
+        path, axis = st.path, st.axis
         self._check_path(path)
         self.manual.append(ManualSpec(replicate(path.text, axis.text), path.pos, None, axis.pos))
 
@@ -508,15 +513,15 @@ class _Builder:
         if not path.text.strip("/"):
             raise self.error(path.pos, 'an empty path; write an input path like "params/embed"')
 
-    def _search(self, st: Statement) -> None:
-        method: Word = st.parts[0]
+    def _search(self, st: SearchStatement) -> None:
+        method = st.method
         if method.text not in SEARCHES:
             raise self.error(
                 method.pos,
                 f"unknown search '{method.text}'{did_you_mean(method.text, SEARCHES)} "
                 f"(the search is {one_of(SEARCHES)})",
             )
-        _, kwargs = self.kwargs(st.parts[1], f"search '{method.text}'")
+        _, kwargs = self.kwargs(st.call, f"search '{method.text}'")
         fields = [f.name for f in dataclasses.fields(Search) if f.name != "prune"]
         for key, (value, arg) in kwargs.items():
             if key == "prune":
@@ -564,8 +569,8 @@ class _Builder:
             return value
         return value  # pragma: no cover - every Search field is handled above
 
-    def _prune(self, st: Statement) -> None:
-        word: Word = st.parts[0]
+    def _prune(self, st: PruneStatement) -> None:
+        word = st.name
         if word.text not in PRUNERS:
             raise self.error(
                 word.pos,
@@ -574,9 +579,9 @@ class _Builder:
             )
         self.prune = PRUNERS[word.text]
 
-    def _constraints(self, st: Statement) -> None:
+    def _constraints(self, st: ConstraintsStatement) -> None:
         """What to do with the program's own with_sharding_constraint calls."""
-        word: Word = st.parts[0]
+        word = st.mode
         if word.text not in CONSTRAINTS:
             raise self.error(
                 word.pos,

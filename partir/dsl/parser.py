@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
@@ -93,13 +93,106 @@ class Strategy:
     call: Call | None
 
 
-@dataclasses.dataclass(frozen=True)
-class Statement:
-    """One statement: its keyword, where it starts, and its parts in the order written."""
+# One record per statement kind, with where it starts (`pos`) and its keyword.
 
-    keyword: str
+
+@dataclasses.dataclass(frozen=True)
+class ProgramStatement:
     pos: Pos
-    parts: tuple[Any, ...]
+    target: Str  # "module:function"
+    keyword: ClassVar[str] = "program"
+
+
+@dataclasses.dataclass(frozen=True)
+class InputsStatement:
+    pos: Pos
+    target: Str
+    call: Call | None
+    keyword: ClassVar[str] = "inputs"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshStatement:
+    pos: Pos
+    axes: tuple[tuple[Word, Num | Word], ...]  # (name, size or `?`)
+    over: MeshOver | None
+    keyword: ClassVar[str] = "mesh"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceStatement:
+    pos: Pos
+    name: Str | None  # a catalog device, or None: a device of its own
+    fields: tuple[Field, ...]
+    keyword: ClassVar[str] = "device"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryStatement:
+    pos: Pos
+    limit: Num
+    keyword: ClassVar[str] = "memory"
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveStatement:
+    pos: Pos
+    name: Word
+    keyword: ClassVar[str] = "objective"
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisStatement:
+    pos: Pos
+    axis: Word
+    strategies: tuple[Strategy, ...]
+    keyword: ClassVar[str] = "axis"
+
+
+@dataclasses.dataclass(frozen=True)
+class TileStatement:
+    pos: Pos
+    path: Str
+    dim: Num
+    axis: Word
+    keyword: ClassVar[str] = "tile"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicateStatement:
+    pos: Pos
+    path: Str
+    axis: Word
+    keyword: ClassVar[str] = "replicate"
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchStatement:
+    pos: Pos
+    method: Word
+    call: Call | None
+    keyword: ClassVar[str] = "search"
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneStatement:
+    pos: Pos
+    name: Word
+    keyword: ClassVar[str] = "prune"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstraintsStatement:
+    pos: Pos
+    mode: Word
+    keyword: ClassVar[str] = "constraints"
+
+
+Statement = (
+    ProgramStatement | InputsStatement | MeshStatement | DeviceStatement | MemoryStatement
+    | ObjectiveStatement | AxisStatement | TileStatement | ReplicateStatement
+    | SearchStatement | PruneStatement | ConstraintsStatement
+)  # fmt: skip
 
 
 class _ToRecords(Transformer):
@@ -162,10 +255,59 @@ class _ToRecords(Transformer):
     def strategy(self, children: builtins.list) -> Strategy:
         return Strategy(*children)
 
-    def __default__(self, data: Any, children: builtins.list, meta: Any) -> Statement:
-        # Every other rule is a statement, named by its keyword.
-        keyword = "axis" if data == "axis_block" else str(data)
-        return Statement(keyword, Pos.of(meta), tuple(children))
+    # statements: one record each, its parts by name
+
+    @v_args(meta=True)
+    def program(self, meta: Any, c: builtins.list) -> ProgramStatement:
+        return ProgramStatement(Pos.of(meta), c[0])
+
+    @v_args(meta=True)
+    def inputs(self, meta: Any, c: builtins.list) -> InputsStatement:
+        return InputsStatement(Pos.of(meta), c[0], c[1])
+
+    @v_args(meta=True)
+    def mesh(self, meta: Any, c: builtins.list) -> MeshStatement:
+        over = c[-1] if isinstance(c[-1], MeshOver | None) else None
+        axes = c[:-1] if c[-1] is over else c
+        return MeshStatement(Pos.of(meta), tuple(axes), over)
+
+    @v_args(meta=True)
+    def device(self, meta: Any, c: builtins.list) -> DeviceStatement:
+        name = c[0] if isinstance(c[0], Str) else None
+        fields = next((x for x in c if isinstance(x, tuple)), ())
+        return DeviceStatement(Pos.of(meta), name, fields)
+
+    @v_args(meta=True)
+    def memory(self, meta: Any, c: builtins.list) -> MemoryStatement:
+        return MemoryStatement(Pos.of(meta), c[0])
+
+    @v_args(meta=True)
+    def objective(self, meta: Any, c: builtins.list) -> ObjectiveStatement:
+        return ObjectiveStatement(Pos.of(meta), c[0])
+
+    @v_args(meta=True)
+    def axis_block(self, meta: Any, c: builtins.list) -> AxisStatement:
+        return AxisStatement(Pos.of(meta), c[0], tuple(c[1:]))
+
+    @v_args(meta=True)
+    def tile(self, meta: Any, c: builtins.list) -> TileStatement:
+        return TileStatement(Pos.of(meta), *c)
+
+    @v_args(meta=True)
+    def replicate(self, meta: Any, c: builtins.list) -> ReplicateStatement:
+        return ReplicateStatement(Pos.of(meta), *c)
+
+    @v_args(meta=True)
+    def search(self, meta: Any, c: builtins.list) -> SearchStatement:
+        return SearchStatement(Pos.of(meta), c[0], c[1])
+
+    @v_args(meta=True)
+    def prune(self, meta: Any, c: builtins.list) -> PruneStatement:
+        return PruneStatement(Pos.of(meta), c[0])
+
+    @v_args(meta=True)
+    def constraints(self, meta: Any, c: builtins.list) -> ConstraintsStatement:
+        return ConstraintsStatement(Pos.of(meta), c[0])
 
 
 # ------------------------------------------------------------------------------ parser
