@@ -71,3 +71,28 @@ def test_expert_that_tiles_nothing_says_so():
                        schedule=[S.expert("expert")])  # fmt: skip
     with pytest.raises(partir.PlanError, match="finds no mixture-of-experts weight"):
         partir.solve(goal, baselines=False)
+
+
+def test_expert_params_name_the_moe_weights_and_no_others():
+    goal = partir.Goal(_moe_step, _moe_args(), {"expert": 4},
+                       schedule=[S.expert("expert", params="**/wi_0")],
+                       search=partir.Search(seed=0, episodes=5))  # fmt: skip
+    from partir.ir.groups import find_groups
+    from partir.strategies.compile import compile_axis
+
+    prop = goal.propagator
+    problem = compile_axis(goal, "expert", prop.empty(), find_groups(goal.program), 10)
+    required = {goal.program.input_paths[d.value] for d in problem.required}
+    assert "params/MoeBlock_0/wi_0" in required and "params/MoeBlock_0/wo" not in required
+    plan = partir.solve(goal, baselines=False)
+    assert plan.specs["params/MoeBlock_0/wi_0"][0] == "expert"  # wo follows by propagation
+    unmatched = goal.replace(schedule=[S.expert("expert", params=["**/router"])])
+    with pytest.raises(partir.PlanError, match=r"expert\(params=\['\*\*/router'\]\).*tiles nothing"):
+        partir.solve(unmatched, baselines=False)
+    with pytest.raises(ValueError, match="a path glob or a list of them"):
+        S.expert("expert", params=[])
+    spec = partir.load_goal_text(
+        'program "partir.models.moe:train_step"\ninputs "partir.models.moe:example_args"()\n'
+        'mesh data=2, model=4\naxis model { expert(params=["**/moe/w_in"]) }\n'
+    )
+    assert spec.schedule[0] == S.expert("model", params=("**/moe/w_in",))

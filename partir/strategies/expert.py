@@ -2,36 +2,63 @@
 weight is tiled on the axis, where the axis divides it and no earlier axis tiles it. A MoE
 weight is found by structure: a parameter whose dim is a batch dim of a matmul
 (`einsum("ecd,edf->ecf", x, w)`, `ir.groups.expert_dims`; in a scanned layer stack, one dim
-further in); or by name: rank >= 3 with `moe` or `experts` in its path (dim 0). An expert
-axis that finds no such weight is an error, not a no-op.
+further in); or by name: rank >= 3 with `moe` or `experts` in its path (dim 0). `params=`
+globs override both: the parameters they match are the MoE weights (their experts dim found
+by structure, else dim 0), and no others. An expert axis that finds no such weight is an
+error, not a no-op.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 from partir.ir.groups import expert_dims
 from partir.ir.propagate import Decision
-from partir.ir.specs import PlanError
+from partir.ir.specs import PlanError, glob_match
 from partir.strategies.base import AxisContext, Constraints, Strategy
 
 
 @dataclasses.dataclass(frozen=True)
 class Expert(Strategy):
-    """Expert parallelism: tile the experts dim of mixture-of-experts weights."""
+    """Expert parallelism: tile the experts dim of mixture-of-experts weights. `params`:
+    globs of the MoE weights (default: found from the program)."""
+
+    params: tuple[str, ...] | None = None
+
+    arguments = ("params",)
 
     def constrain(self, ctx: AxisContext, priority: int) -> Constraints:
-        by_structure = expert_dims(ctx.goal.program)
+        prog = ctx.goal.program
+        by_structure = expert_dims(prog)
         required = []
         for g in ctx.groups:
             if not g.params:
                 continue
             dim = by_structure.get(g.params[0])
-            if dim is None and len(g.shape) >= 3 and _named_moe(g.name):
+            if self.params is not None:
+                paths = [prog.input_paths[v] for v in g.params]
+                if not any(glob_match(p, q) for p in self.params for q in paths):
+                    continue
+                dim = 0 if dim is None else dim
+            elif dim is None and len(g.shape) >= 3 and _named_moe(g.name):
                 dim = 0
             if dim is not None and dim in ctx.free_dims(g.members[0]):
                 required += [Decision(priority, v, dim, ctx.axis) for v in g.members]
         return Constraints(required=required)
+
+    @classmethod
+    def check_argument(cls, key: str, value: Any, show: Callable[[Any], str] = repr) -> Any:
+        globs = [value] if isinstance(value, str) else value
+        if not isinstance(globs, list | tuple) or not globs or not all(
+            isinstance(g, str) and g for g in globs
+        ):
+            raise ValueError(
+                'expert params is a path glob or a list of them, like params="**/moe/*" '
+                'or params=["**/w_in", "**/w_out"]'
+            )
+        return tuple(globs)
 
     def check(self, ctx: AxisContext, own: Constraints, axis: Constraints) -> None:
         if any(d.value not in axis.forbidden for d in own.required):
@@ -40,6 +67,12 @@ class Expert(Strategy):
         if any(ctx.axis in a for g in ctx.groups for v in g.params[:1]
                for a in prop.sharding(ctx.state, v)):  # fmt: skip
             return  # an earlier decision (a tile statement, a constraint) did it already
+        if self.params is not None:
+            raise PlanError(
+                f"expert(params={list(self.params)}) on axis {ctx.axis!r} (size {ctx.size}) "
+                "tiles nothing: the globs match no parameter whose experts dim the axis "
+                "divides; write globs of the MoE weights' paths, like params=\"**/moe/*\""
+            )
         raise PlanError(
             f"expert on axis {ctx.axis!r} (size {ctx.size}) finds no mixture-of-experts weight "
             "to tile: none has a dim that is a batch dim of a matmul (einsum 'ecd,edf->ecf') or "
@@ -52,5 +85,5 @@ def _named_moe(name: str) -> bool:
     return "moe" in name.split("/") or "experts" in name
 
 
-def expert(axis: str) -> Expert:
-    return Expert(axis)
+def expert(axis: str, params: tuple[str, ...] | list[str] | str | None = None) -> Expert:
+    return Expert(axis, None if params is None else Expert.check_argument("params", params))
