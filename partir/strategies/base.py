@@ -113,6 +113,17 @@ class Strategy:
         return value
 
 
+def path_globs(value: Any, what: str, example: str) -> tuple[str, ...]:
+    """A strategy argument that names inputs: a path glob or a list of them (`what`, e.g.
+    "batch inputs", is what the message calls it; `example` shows both forms)."""
+    globs = [value] if isinstance(value, str) else value
+    if not isinstance(globs, list | tuple) or not globs or not all(
+        isinstance(g, str) and g for g in globs
+    ):
+        raise ValueError(f"{what} is a path glob or a list of them, like {example}")
+    return tuple(globs)
+
+
 def data_paths(goal: Goal, strategies: Sequence[Strategy]) -> list[str]:
     """The data inputs: the `inputs=` globs of a strategy that has them (`batch`), else the
     goal's, else the inputs that are not carried state."""

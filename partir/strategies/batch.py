@@ -13,7 +13,7 @@ from typing import Any
 
 from partir.ir.propagate import Decision
 from partir.ir.specs import PlanError
-from partir.strategies.base import AxisContext, Constraints, Strategy
+from partir.strategies.base import AxisContext, Constraints, Strategy, path_globs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,15 +33,9 @@ class Batch(Strategy):
 
     @classmethod
     def check_argument(cls, key: str, value: Any, show: Callable[[Any], str] = repr) -> Any:
-        globs = [value] if isinstance(value, str) else value
-        if not isinstance(globs, list | tuple) or not globs or not all(
-            isinstance(g, str) and g for g in globs
-        ):
-            raise ValueError(
-                'batch inputs is a path glob or a list of them, like inputs="batch/*" '
-                'or inputs=["batch/x", "batch/y"]'
-            )
-        return tuple(globs)
+        return path_globs(
+            value, "batch inputs", 'inputs="batch/*" or inputs=["batch/x", "batch/y"]'
+        )
 
 
 def batch(axis: str, inputs: tuple[str, ...] | list[str] | None = None) -> Batch:

@@ -17,7 +17,7 @@ from typing import Any
 from partir.ir.groups import expert_dims
 from partir.ir.propagate import Decision
 from partir.ir.specs import PlanError, glob_match
-from partir.strategies.base import AxisContext, Constraints, Strategy
+from partir.strategies.base import AxisContext, Constraints, Strategy, path_globs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,15 +50,9 @@ class Expert(Strategy):
 
     @classmethod
     def check_argument(cls, key: str, value: Any, show: Callable[[Any], str] = repr) -> Any:
-        globs = [value] if isinstance(value, str) else value
-        if not isinstance(globs, list | tuple) or not globs or not all(
-            isinstance(g, str) and g for g in globs
-        ):
-            raise ValueError(
-                'expert params is a path glob or a list of them, like params="**/moe/*" '
-                'or params=["**/w_in", "**/w_out"]'
-            )
-        return tuple(globs)
+        return path_globs(
+            value, "expert params", 'params="**/moe/*" or params=["**/w_in", "**/w_out"]'
+        )
 
     def check(self, ctx: AxisContext, own: Constraints, axis: Constraints) -> None:
         if any(d.value not in axis.forbidden for d in own.required):
