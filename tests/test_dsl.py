@@ -517,7 +517,7 @@ SYNTAX_ERRORS = [
      "unexpected string \"p\"; expected '(', '}' or a name (is the block opened at line 4 "
      "closed?)"),
     ("axis batch { zero(stage=3 }", "}",
-     "unexpected '}'; expected ')', ',' or ']' (arguments are written name=value, separated "
+     "unexpected '}'; expected ')' or ',' (arguments are written name=value, separated "
      'by commas: f(a=1, b="x"))'),
     ('tile "params/embed" dim 0 model', "model",
      "unexpected name 'model'; expected 'on' (tile is written: tile \"PATH\" dim N on AXIS)"),
@@ -540,7 +540,7 @@ SYNTAX_ERRORS = [
      "unexpected character ';'; expected '(', '}' or a name (an axis block is written: "
      "axis NAME { strategy  strategy(name=value) ... })"),
     ("search mcts(seconds=60", None,
-     "unexpected end of file; expected ')', ',' or ']' (arguments are written name=value, "
+     "unexpected end of file; expected ')' or ',' (arguments are written name=value, "
      'separated by commas: f(a=1, b="x"))'),
 ]  # fmt: skip
 

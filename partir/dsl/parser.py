@@ -441,11 +441,12 @@ def _terminal_words() -> dict[str, str]:
 
 
 def _expected(e: UnexpectedInput) -> set[str]:
-    state: Any = getattr(e, "state", None)  # lark's parser state, if any: untyped internals
-    try:
-        return {t for t in state.parse_conf.parse_table.states[state.position] if t.isupper()}
-    except Exception:
-        return set(getattr(e, "expected", None) or getattr(e, "allowed", None) or ())
+    """The terminals the parser would have taken where `e` happened (lark's public
+    `InteractiveParser.accepts()` when the error carries a parser, else what it lists)."""
+    parser = getattr(e, "interactive_parser", None)
+    if parser is not None:
+        return {t for t in parser.accepts() if t.isupper()}
+    return set(getattr(e, "expected", None) or getattr(e, "allowed", None) or ())
 
 
 def _expected_words(expected: set[str]) -> str:
