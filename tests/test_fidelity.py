@@ -167,8 +167,9 @@ def test_carried_state_returned_resharded_is_held_to_the_end_like_xla():
     # weight as it came in (replicated), so each update is all-gathered, and every gathered
     # weight is an output, live together at the end: the model held them one at a time
     # (42 MiB predicted against XLA's 56 MiB).
-    import partir
     from jax.sharding import PartitionSpec as P
+
+    import partir
 
     x = jax.ShapeDtypeStruct((2048, 1024), jnp.float32)
     goal = Goal(_moments_sharded_step, (([x] * 3, [x] * 3), x), {"data": 8})
@@ -176,3 +177,25 @@ def test_carried_state_returned_resharded_is_held_to_the_end_like_xla():
     assert all(s == P(None, None) for p, s in plan.out_specs.items() if p.startswith("out/0"))
     stats = partir.verify(goal, plan).stats
     assert plan.cost.peak_memory_bytes == pytest.approx(stats.true_peak_bytes, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "mesh, spec",
+    [
+        ({"a": 2, "b": 2}, ("a", "b")),
+        ({"a": 2, "b": 4}, ("a", "b")),
+        ({"a": 2, "b": 2, "c": 2}, (("a", "b"), "c")),
+    ],
+)
+def test_a_reduction_over_dims_on_different_axes_is_one_all_reduce_per_dim(mesh, spec):
+    # sum(x) with x tiled on a and b in two dims: XLA reduces each sharded dim on its own
+    # (an all-reduce over a, then one over b: twice the bytes of one over (a, b)); a dim
+    # tiled on (a, b) together is one all-reduce over both
+    from jax.sharding import PartitionSpec as P
+
+    goal = Goal(lambda x: jnp.sum(x), (S((8, 16), f32),), mesh)
+    plan = make_plan(goal, {"x": P(*spec)})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert [c.axes for c in plan.cost.collectives] == [s if isinstance(s, tuple) else (s,)
+                                                       for s in spec]  # fmt: skip

@@ -4,7 +4,8 @@ Each op runs with one sharding of its factors ("execution sharding"): taken from
 operands first, in order, then from its results for factors the operands leave whole; an
 axis serves at most one factor. Operands that disagree are resharded (all-gather,
 all-to-all, or a free local slice); a sharded reduction factor leaves a partial sum, an
-all-reduce, or a reduce-scatter where the result is itself tiled on that axis.
+all-reduce (one per factor, as XLA reduces each sharded dim on its own), or a reduce-scatter
+where the result is itself tiled on that axis.
 
 Step time is an estimate: compute as max(FLOPs / peak, bytes / HBM bandwidth) per op, plus
 every collective on an alpha-beta ring model per mesh axis, with no overlap. Collectives
@@ -299,7 +300,8 @@ class CostModel:
                         used |= set(axes)
         colls: list[tuple[str, Axes, int]] = []
         nbytes = 0.0  # HBM traffic: buffers read and written (fused and free values are none)
-        partial = [a for f, axes in fa.items() if rule.kinds[f] is Kind.REDUCTION for a in axes]
+        by_factor = [axes for f, axes in fa.items() if rule.kinds[f] is Kind.REDUCTION]
+        partial = [a for axes in by_factor for a in axes]
         unreduced = None
         stored, free = self._stored, self.free
         for t, ((v, dims), s) in enumerate(zip(tensors, shardings)):
@@ -330,9 +332,11 @@ class CostModel:
                             c + tuple(a for a in axes if a in scatter and a not in c)
                             for c, axes in zip(cur, s)
                         )
-                    if reduce:
-                        size = local_size(shape, cur, mesh) * item
-                        colls.append(("all-reduce", tuple(reduce), size, None))
+                    size = local_size(shape, cur, mesh) * item
+                    for axes in by_factor:  # XLA reduces each sharded factor on its own
+                        rest = tuple(a for a in axes if a in reduce)
+                        if rest:
+                            colls.append(("all-reduce", rest, size, None))
                 colls += [c + (None,) for c in reshard(shape, item, cur, s, mesh)]
                 if stored[v]:
                     nbytes += local_size(shape, want, mesh) * item
