@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from partir.goal import Goal
 from partir.ir.xla import as_cpu_kinds
@@ -167,7 +168,6 @@ def test_carried_state_returned_resharded_is_held_to_the_end_like_xla():
     # weight as it came in (replicated), so each update is all-gathered, and every gathered
     # weight is an output, live together at the end: the model held them one at a time
     # (42 MiB predicted against XLA's 56 MiB).
-    from jax.sharding import PartitionSpec as P
 
     import partir
 
@@ -191,7 +191,6 @@ def test_a_reduction_over_dims_on_different_axes_is_one_all_reduce_per_dim(mesh,
     # sum(x) with x tiled on a and b in two dims: XLA reduces each sharded dim on its own
     # (an all-reduce over a, then one over b: twice the bytes of one over (a, b)); a dim
     # tiled on (a, b) together is one all-reduce over both
-    from jax.sharding import PartitionSpec as P
 
     goal = Goal(lambda x: jnp.sum(x), (S((8, 16), f32),), mesh)
     plan = make_plan(goal, {"x": P(*spec)})
@@ -199,3 +198,23 @@ def test_a_reduction_over_dims_on_different_axes_is_one_all_reduce_per_dim(mesh,
     assert report.ok, report
     assert [c.axes for c in plan.cost.collectives] == [s if isinstance(s, tuple) else (s,)
                                                        for s in spec]  # fmt: skip
+
+
+
+def test_an_axis_of_size_1_never_costs_a_collective():
+    # found by test_cost_model_collectives_match_xla: the bias add reads b tiled on
+    # `expert` and h on (x, expert), which cut it the same way when x has size 1; the model
+    # all-to-all'ed the axis that looked moved (1 KiB), XLA moves nothing
+    from partir.testing.strategies import Recipe, Step
+    from partir.testing.strategies.programs import Forward
+
+    steps = ("dense", 16), ("merge", 0), ("broadcast", 2), ("merge", 0), ("bias", 0), ("dense", 16)
+    fn = Forward(Recipe("seq", 16, 4, seq=2, steps=tuple(Step(*s) for s in steps),
+                        outputs=("y", "sum", "max")))  # fmt: skip
+    goal = Goal(fn, fn.example_args(), {"expert": 4, "data": 1, "x": 1})
+    spec = {"params/l0/w": P("x", None), "params/l4/b": P("expert"),
+            "params/l5/w": P(("x", "expert")), "data/x": P("x", None, "data")}  # fmt: skip
+    plan = make_plan(goal, spec)
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert not any(c.kind == "all-to-all" for c in plan.cost.collectives)

@@ -278,7 +278,11 @@ class CostModel:
             cands.insert(0 if first == n_in else len(cands), cand)
         return keeps or min(cands, key=_choice, default=OpCost(0.0, 0.0, ()))
 
-    def _run_with(self, op, tensors, shardings: list[Sharding], order: list[int]) -> OpCost:
+    def _run_with(
+        self, op, tensors, shardings: list[Sharding], order: list[int], *, reduce: bool = True
+    ) -> OpCost:
+        """Op costs when the tensors in `order` claim the factors they are sharded on;
+        `reduce=False`: no reduction factor is claimed (operands gathered along them)."""
         rule = op.rule
         prop = self.prop
         mesh = self.mesh
@@ -295,7 +299,7 @@ class CostModel:
                     kind = rule.kinds[f]
                     if f in fa or used & set(axes):
                         continue
-                    if kind is Kind.PASS or (kind is Kind.REDUCTION and t < n_in):
+                    if kind is Kind.PASS or (kind is Kind.REDUCTION and reduce and t < n_in):
                         fa[f] = axes
                         used |= set(axes)
         colls: list[tuple[str, Axes, int]] = []
@@ -552,7 +556,11 @@ def local_size(shape, sharding: Sharding, mesh: Mapping[str, int]) -> int:
 
 def reshard(shape, itemsize: int, src: Sharding, dst: Sharding, mesh) -> list:
     """Collectives that turn `src` into `dst`: gather the axes `dst` drops, all-to-all the
-    axes that move to another dim, then slice locally (free)."""
+    axes that move to another dim, then slice locally (free). Axes of size 1 cut nothing:
+    they are left out before comparing."""
+    if src == dst:
+        return []
+    src, dst = _cutting(src, mesh), _cutting(dst, mesh)
     if src == dst:
         return []
     where = {a: d for d, axes in enumerate(dst) for a in axes}
@@ -578,6 +586,11 @@ def reshard(shape, itemsize: int, src: Sharding, dst: Sharding, mesh) -> list:
             ("all-to-all", tuple(a for a, _ in move), local_size(shape, after, mesh) * itemsize)
         )
     return out
+
+
+def _cutting(sharding: Sharding, mesh) -> Sharding:
+    """`sharding` without its mesh axes of size 1."""
+    return tuple(tuple(a for a in axes if mesh[a] > 1) for axes in sharding)
 
 
 def _conv_flops(op, local: list[int]) -> float:
