@@ -200,7 +200,6 @@ def test_a_reduction_over_dims_on_different_axes_is_one_all_reduce_per_dim(mesh,
                                                        for s in spec]  # fmt: skip
 
 
-
 def test_an_axis_of_size_1_never_costs_a_collective():
     # found by test_cost_model_collectives_match_xla: the bias add reads b tiled on
     # `expert` and h on (x, expert), which cut it the same way when x has size 1; the model
