@@ -217,3 +217,19 @@ def test_an_axis_of_size_1_never_costs_a_collective():
     report = verify(goal, plan)
     assert report.ok, report
     assert not any(c.kind == "all-to-all" for c in plan.cost.collectives)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_contraction_with_an_input_uncut_along_it_gathers_the_other_operand(train):
+    # x @ w, x an input replicated, w tiled on its rows: XLA slices no input along the
+    # contraction to leave a partial sum; it all-gathers w (the model all-reduced x @ w)
+    from partir.testing.strategies import Recipe, Step, TrainStep
+    from partir.testing.strategies.programs import Forward
+
+    recipe = Recipe("seq", 16, 16, seq=4, steps=(Step("dense", 16),))
+    fn = TrainStep(recipe) if train else Forward(recipe)
+    goal = Goal(fn, fn.example_args(), {"x": 2})
+    plan = make_plan(goal, {"params/l0/w": P("x", None)})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert not any(c.kind == "all-reduce" and c.bytes > 4 for c in plan.cost.collectives)

@@ -278,15 +278,17 @@ class CostModel:
             cands.insert(0 if first == n_in else len(cands), cand)
         return keeps or min(cands, key=_choice, default=OpCost(0.0, 0.0, ()))
 
-    def _run_with(
-        self, op, tensors, shardings: list[Sharding], order: list[int], *, reduce: bool = True
-    ) -> OpCost:
-        """Op costs when the tensors in `order` claim the factors they are sharded on;
-        `reduce=False`: no reduction factor is claimed (operands gathered along them)."""
+    def _run_with(self, op, tensors, shardings: list[Sharding], order: list[int]) -> OpCost:
+        """How the op runs when the tensors in `order` claim the factors they are sharded
+        on. A reduction factor is not claimed where an input of the program that has it is
+        not cut along it: XLA slices no input along a contraction to leave a partial sum
+        (x @ w with the input x replicated and w tiled on its rows gathers w; it does not
+        all-reduce x @ w)."""
         rule = op.rule
         prop = self.prop
         mesh = self.mesh
         n_in = sum(1 for v in op.inputs if v is not None)
+        uncut = self._reductions_uncut(rule, tensors[:n_in], shardings[:n_in])
         # execution sharding: tensors in `order` claim factors; an axis serves one factor
         fa: dict[int, Axes] = {}
         used: set[str] = set()
@@ -299,7 +301,9 @@ class CostModel:
                     kind = rule.kinds[f]
                     if f in fa or used & set(axes):
                         continue
-                    if kind is Kind.PASS or (kind is Kind.REDUCTION and reduce and t < n_in):
+                    if kind is Kind.PASS or (
+                        kind is Kind.REDUCTION and f not in uncut and t < n_in
+                    ):
                         fa[f] = axes
                         used |= set(axes)
         colls: list[tuple[str, Axes, int]] = []
@@ -362,6 +366,21 @@ class CostModel:
                                                        for fs in dims), mesh)
                      for v, dims in tensors), default=0))  # fmt: skip
         return OpCost(flops, nbytes, tuple(colls), unreduced)
+
+    def _reductions_uncut(self, rule, operands, shardings: list[Sharding]) -> set[int]:
+        """The reduction factors that some operand has but is not cut along (by mesh axes
+        of size > 1), among the operands that are the program's inputs: their shardings are
+        fixed, while XLA may re-cut a value the program computes."""
+        mesh = self.mesh
+        uncut: set[int] = set()
+        for (v, dims), s in zip(operands, shardings):
+            if not self.is_input[v]:
+                continue
+            for d, fs in enumerate(dims):
+                on = {f for f, axes in split_axes(s[d], fs, rule.sizes, mesh)
+                      if any(mesh[a] > 1 for a in axes)} if s[d] else set()  # fmt: skip
+                uncut.update(f for f in fs if rule.kinds[f] is Kind.REDUCTION and f not in on)
+        return uncut
 
     def _link_cost(self, op, tensors, shardings) -> OpCost:
         (src, sdims), (dst, ddims) = tensors
