@@ -233,3 +233,13 @@ def test_a_contraction_with_an_input_uncut_along_it_gathers_the_other_operand(tr
     report = verify(goal, plan)
     assert report.ok, report
     assert not any(c.kind == "all-reduce" and c.bytes > 4 for c in plan.cost.collectives)
+
+
+def test_a_merge_of_a_dim_cut_on_its_minor_factor_gathers_the_result():
+    # x[8, 4, 16] cut on its last dim, reshaped to [8, 64]: the merged dim cannot show a cut
+    # of its minor factor, so the result is gathered (the model predicted nothing)
+    goal = Goal(lambda x: x.reshape(8, 64), (S((8, 4, 16), f32),), {"x": 2})
+    plan = make_plan(goal, {"x": P(None, None, "x")})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert [c.kind for c in plan.cost.collectives] == ["all-gather"]

@@ -345,6 +345,12 @@ class CostModel:
                         rest = tuple(a for a in axes if a in reduce)
                         if rest:
                             colls.append(("all-reduce", rest, size, None))
+                # a factor the op is cut along that the result dim cannot show (the minor
+                # factor of a merged dim, its major one whole) is gathered to make the result
+                lost = tuple(a for fs in dims for f in fs if f in fa for a in fa[f]
+                             if not any(a in axes for axes in want))  # fmt: skip
+                if lost and v not in free:
+                    colls.append(("all-gather", lost, local_size(shape, cur, mesh) * item, None))
                 colls += [c + (None,) for c in reshard(shape, item, cur, s, mesh)]
                 if stored[v]:
                     nbytes += local_size(shape, want, mesh) * item
