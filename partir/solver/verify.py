@@ -8,6 +8,7 @@ import math
 
 from partir.ir.cost import KINDS
 from partir.ir.messages import fmt_bytes
+from partir.ir.propagate import join_axes, split_axes
 from partir.ir.xla import (
     BufferPeak,
     CompiledStats,
@@ -68,6 +69,91 @@ class VerifyReport:
             )
         lines.append("ok" if self.ok else "mismatch beyond tolerance")
         return "\n".join(lines)
+
+
+def unclaimed(plan) -> str | None:
+    """Why the cost model does not claim to match XLA's collectives on `plan`, or None when
+    it does (docs/testing.md lists these):
+
+    - moving a mesh axis from one dim of a value to another (an all-to-all in the model):
+      XLA:CPU realises it as an all-to-all, collective-permutes, an all-gather and a slice,
+      or avoids it by running a reader another way, depending on the neighbouring ops;
+    - concatenating, slicing, splitting or padding along a dim cut by a mesh axis: the model
+      gathers the dim or takes a local slice, XLA shifts the pieces between devices with
+      collective-permutes or all-to-alls (a halo exchange);
+    - a reshape whose one side is cut on a factor of a merged dim that the other side cannot
+      show (the minor factor, its major one whole): the model gathers it, XLA re-lays the
+      elements with all-to-alls and collective-permutes where it can;
+    - a reduce-scatter over two devices: XLA:CPU lowers some as an all-reduce of part of
+      the operand and collective-permutes (the same bytes in all, of other kinds);
+    - a scatter-add (an embedding's gradient) with its indices cut, or a gather (a lookup)
+      whose cut indices the model re-cuts: XLA weighs the ways to partition these (sum
+      partial results, gather the indices and updates, re-cut the table) by its own
+      estimate, the model takes one."""
+    mesh, prog = plan.goal.mesh, plan.goal.program
+    for c in plan.cost.collectives:
+        if c.kind == "all-to-all":
+            return f"moves a mesh axis between dims ({c.source})"
+        if c.kind == "reduce-scatter" and math.prod(mesh[a] for a in c.axes) == 2:
+            return f"reduce-scatter over two devices ({c.source})"
+    for op in prog.ops:
+        if op.primitive == "scatter-add" and _cut(plan, op.inputs[1]):
+            return f"scatter-add with its indices cut (op {op.index})"
+        if op.primitive == "gather" and _cut(plan, op.inputs[1]):
+            moved = plan.goal.cost_model.execution_shardings(op.index, plan.state)
+            if op.inputs[1] in moved:
+                return f"gather whose cut indices are re-cut (op {op.index})"
+        if op.primitive == "reshape" and _cut_on_a_hidden_factor(plan, op):
+            return f"reshape cut on a minor factor of a merged dim (op {op.index})"
+        dims = _dims_moved(op, prog.values)
+        for v in (*op.inputs, *op.outputs) if dims else ():
+            if v is None:
+                continue
+            sharding = plan.value_sharding(v)
+            if any(mesh[a] > 1 for d in dims if d < len(sharding) for a in sharding[d]):
+                return f"{op.primitive} along a dim cut by a mesh axis (op {op.index})"
+    return None
+
+
+def _cut(plan, v: int | None) -> bool:
+    """Whether value `v` is cut by a mesh axis of size > 1."""
+    mesh = plan.goal.mesh
+    return v is not None and any(mesh[a] > 1 for axes in plan.value_sharding(v) for a in axes)
+
+
+def _cut_on_a_hidden_factor(plan, op) -> bool:
+    """Whether a tensor of `op` is cut along a factor that another of its tensors has but
+    cannot show in its own dims (a minor factor of a merged dim whose major one is whole)."""
+    rule, mesh = op.rule, plan.goal.mesh
+    tensors = [(v, d) for v, d in zip((*op.inputs, *op.outputs), (*rule.operands, *rule.results))
+               if v is not None and d is not None]  # fmt: skip
+    for v, dims in tensors:
+        sharding = plan.value_sharding(v)
+        fa = {f: axes for d, fs in enumerate(dims) if sharding[d]
+              for f, axes in split_axes(sharding[d], fs, rule.sizes, mesh)}  # fmt: skip
+        for _, other in tensors:
+            shown = {a for fs in other for a in join_axes(fs, fa, rule.sizes, mesh)}
+            if any(mesh[a] > 1 and a not in shown
+                   for fs in other for f in fs for a in fa.get(f, ())):  # fmt: skip
+                return True
+    return False
+
+
+def _dims_moved(op, values) -> tuple[int, ...]:
+    """The dims along which a concatenate, slice, split or pad op moves elements."""
+    p = op.params
+    if op.primitive == "concatenate":
+        return (p["dimension"],)
+    if op.primitive == "split":
+        return (p["axis"],)
+    if op.primitive == "slice":
+        shape = values[op.inputs[0]].shape
+        strides = p["strides"] or (1,) * len(shape)
+        return tuple(d for d, n in enumerate(shape)
+                     if (p["start_indices"][d], p["limit_indices"][d], strides[d]) != (0, n, 1))  # fmt: skip
+    if op.primitive == "pad":
+        return tuple(d for d, cfg in enumerate(p["padding_config"]) if any(cfg))
+    return ()
 
 
 def close(a: float, b: float, tol: float = COLLECTIVE_TOLERANCE) -> bool:
