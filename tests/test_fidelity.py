@@ -220,9 +220,9 @@ def test_an_axis_of_size_1_never_costs_a_collective():
 
 
 @pytest.mark.parametrize("train", [False, True])
-def test_a_contraction_with_an_input_uncut_along_it_gathers_the_other_operand(train):
-    # x @ w, x an input replicated, w tiled on its rows: XLA slices no input along the
-    # contraction to leave a partial sum; it all-gathers w (the model all-reduced x @ w)
+def test_a_contraction_that_would_slice_an_input_gathers_the_other_operand_if_smaller(train):
+    # x @ w, x f32[16,4,16] an input replicated, w f32[16,16] tiled on its rows: rather
+    # than slice x to all-reduce x @ w (2 KiB, moved twice), XLA all-gathers w (1 KiB)
     from partir.testing.strategies import Recipe, Step, TrainStep
     from partir.testing.strategies.programs import Forward
 
@@ -233,6 +233,21 @@ def test_a_contraction_with_an_input_uncut_along_it_gathers_the_other_operand(tr
     report = verify(goal, plan)
     assert report.ok, report
     assert not any(c.kind == "all-reduce" and c.bytes > 4 for c in plan.cost.collectives)
+
+
+def test_a_contraction_that_would_slice_an_input_reduces_if_gathering_is_no_smaller():
+    # h + tanh(h @ w_in) @ w_out, h f32[8,8,16] cut on its features, w_in replicated:
+    # gathering h (4 KiB) moves no fewer bytes than all-reducing h @ w_in (2 KiB, twice);
+    # XLA slices w_in and all-reduces
+    from partir.testing.strategies import Recipe, Step
+    from partir.testing.strategies.programs import Forward
+
+    fn = Forward(Recipe("seq", 8, 16, seq=8, steps=(Step("mlp", 8),)))
+    goal = Goal(fn, fn.example_args(), {"x": 8})
+    plan = make_plan(goal, {"data/x": P(None, None, "x")})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert [c.kind for c in plan.cost.collectives] == ["all-reduce"]
 
 
 def test_a_merge_of_a_dim_cut_on_its_minor_factor_gathers_the_result():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 
 import numpy as np
 
@@ -265,7 +265,7 @@ class CostModel:
             return self._link_cost(op, tensors, shardings)
         n = len(shardings)
         n_in = sum(1 for v in op.inputs if v is not None)
-        keeps = None
+        keeps = keeps_order = None
         cands = []
         for first in range(n):
             order = [first] + [t for t in range(n) if t != first]
@@ -273,22 +273,28 @@ class CostModel:
             if not cand.collectives:
                 return cand
             if not _moves_operands(cand) and (keeps is None or _weight(cand) < _weight(keeps)):
-                keeps = cand
+                keeps, keeps_order = cand, order
             # on a tie, the result as it is sharded first (XLA's own choice)
             cands.insert(0 if first == n_in else len(cands), cand)
+        if keeps is not None and keeps.partial is not None:
+            uncut = self._reductions_uncut(op.rule, tensors[:n_in], shardings[:n_in])
+            if uncut:
+                # an input sliced along a contraction to leave a partial sum: XLA gathers
+                # the other operands instead where that moves fewer bytes
+                gathered = self._run_with(op, tensors, shardings, keeps_order, skip=uncut)
+                if _choice(gathered) < (False, _weight(keeps)):
+                    return gathered
         return keeps or min(cands, key=_choice, default=OpCost(0.0, 0.0, ()))
 
-    def _run_with(self, op, tensors, shardings: list[Sharding], order: list[int]) -> OpCost:
+    def _run_with(
+        self, op, tensors, shardings: list[Sharding], order: list[int], skip: Set[int] = frozenset()
+    ) -> OpCost:
         """How the op runs when the tensors in `order` claim the factors they are sharded
-        on. A reduction factor is not claimed where an input of the program that has it is
-        not cut along it: XLA slices no input along a contraction to leave a partial sum
-        (x @ w with the input x replicated and w tiled on its rows gathers w; it does not
-        all-reduce x @ w)."""
+        on, except the reduction factors in `skip` (operands are gathered along those)."""
         rule = op.rule
         prop = self.prop
         mesh = self.mesh
         n_in = sum(1 for v in op.inputs if v is not None)
-        uncut = self._reductions_uncut(rule, tensors[:n_in], shardings[:n_in])
         # execution sharding: tensors in `order` claim factors; an axis serves one factor
         fa: dict[int, Axes] = {}
         used: set[str] = set()
@@ -301,9 +307,7 @@ class CostModel:
                     kind = rule.kinds[f]
                     if f in fa or used & set(axes):
                         continue
-                    if kind is Kind.PASS or (
-                        kind is Kind.REDUCTION and f not in uncut and t < n_in
-                    ):
+                    if kind is Kind.PASS or (kind is Kind.REDUCTION and f not in skip and t < n_in):
                         fa[f] = axes
                         used |= set(axes)
         colls: list[tuple[str, Axes, int]] = []
@@ -375,8 +379,8 @@ class CostModel:
 
     def _reductions_uncut(self, rule, operands, shardings: list[Sharding]) -> set[int]:
         """The reduction factors that some operand has but is not cut along (by mesh axes
-        of size > 1), among the operands that are the program's inputs: their shardings are
-        fixed, while XLA may re-cut a value the program computes."""
+        of size > 1), among the operands that are the program's inputs (their shardings are
+        fixed; XLA may re-cut a value the program computes)."""
         mesh = self.mesh
         uncut: set[int] = set()
         for (v, dims), s in zip(operands, shardings):
