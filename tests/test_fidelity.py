@@ -258,3 +258,17 @@ def test_a_merge_of_a_dim_cut_on_its_minor_factor_gathers_the_result():
     report = verify(goal, plan)
     assert report.ok, report
     assert [c.kind for c in plan.cost.collectives] == ["all-gather"]
+
+
+def test_a_dim_re_cut_on_another_axis_of_its_size_is_one_collective_permute():
+    # an Adam step, w's rows on y and its second moment's rows on x, mesh 2x2: the update
+    # needs the moment's rows where w has them, each device's tile is sent over (XLA: one
+    # collective-permute per re-cut operand; the model gathered over x and sliced on y)
+    from partir.testing.strategies import Recipe, Step, TrainStep
+
+    fn = TrainStep(Recipe("dense", 16, 16, steps=(Step("dense", 16),)))
+    goal = Goal(fn, fn.example_args(), {"x": 2, "y": 2})
+    plan = make_plan(goal, {"params/l0/w": P("y", None), "opt_state/0/nu/l0/w": P("x", None)})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert report.compiled["collective-permute"] > 0

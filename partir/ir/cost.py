@@ -237,6 +237,20 @@ class CostModel:
             (k, axes, n, None if r is None else (vids[r[0]],) + r[1:])
             for k, axes, n, r in template.collectives), template.partial)  # fmt: skip
 
+    def slices_an_input_to_reduce(self, i: int, state: State) -> bool:
+        """Whether op `i` leaves a partial sum along a factor that one of its operands, an
+        input of the program, is not cut along (that input is sliced locally). XLA may
+        gather the other operands instead, as its propagation through the neighbouring ops
+        decides; `partir.verify`'s exclusions name these."""
+        if self.op_cost(i, state).partial is None:
+            return False
+        vids = self.prop.vids[i]
+        shardings = [state.shardings.get(v) or ((),) * len(self.prop.shapes[v]) for v in vids]
+        tensors = self.prop.tensors(i)
+        n_in = sum(1 for v in self.program.ops[i].inputs if v is not None)
+        return bool(self._reductions_uncut(self.program.ops[i].rule, tensors[:n_in],
+                                           shardings[:n_in]))  # fmt: skip
+
     def _op_kinds(self) -> list[int]:
         """Per op, what its cost depends on besides the shardings: its propagation kind,
         primitive, and per tensor the item size, whether it is free and whether it is a
@@ -585,13 +599,23 @@ def local_size(shape, sharding: Sharding, mesh: Mapping[str, int]) -> int:
 
 def reshard(shape, itemsize: int, src: Sharding, dst: Sharding, mesh) -> list:
     """Collectives that turn `src` into `dst`: gather the axes `dst` drops, all-to-all the
-    axes that move to another dim, then slice locally (free). Axes of size 1 cut nothing:
-    they are left out before comparing."""
+    axes that move to another dim, then slice locally (free); where every dim is cut into
+    as many tiles on both sides, one collective-permute. Axes of size 1 cut nothing: they
+    are left out before comparing."""
     if src == dst:
         return []
     src, dst = _cutting(src, mesh), _cutting(dst, mesh)
     if src == dst:
         return []
+    cuts = [
+        (math.prod(mesh[a] for a in s), math.prod(mesh[a] for a in t)) for s, t in zip(src, dst)
+    ]
+    if all(a == b for a, b in cuts):
+        # the same tiles on other devices (a dim cut on x re-cut on y of x's size): XLA
+        # sends each device's tile where it is needed, one collective-permute
+        moved = [a for s, t in zip(src, dst) if s != t for a in (*s, *t)]
+        return [("collective-permute", tuple(dict.fromkeys(moved)),
+                 local_size(shape, src, mesh) * itemsize)]  # fmt: skip
     where = {a: d for d, axes in enumerate(dst) for a in axes}
     kept: list[Axes] = []
     moving: list[tuple[str, int]] = []
