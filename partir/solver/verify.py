@@ -7,6 +7,7 @@ import itertools
 import math
 
 from partir.ir.cost import KINDS
+from partir.ir.groups import find_groups
 from partir.ir.messages import fmt_bytes
 from partir.ir.propagate import join_axes, split_axes
 from partir.ir.xla import (
@@ -84,6 +85,14 @@ def unclaimed(plan) -> str | None:
     - a reshape whose one side is cut on a factor of a merged dim that the other side cannot
       show (the minor factor, its major one whole): the model gathers it, XLA re-lays the
       elements with all-to-alls and collective-permutes where it can;
+    - a contraction that leaves a partial sum by slicing one of the program's inputs
+      along the contracted dim (a replicated weight against an activation cut along its
+      features): XLA all-reduces the partial sum or gathers the activation, possibly
+      further up its producers, as its propagation through the neighbouring ops decides;
+    - a parameter and its optimizer moments cut along one dim by different mesh axes into
+      different numbers of tiles (rows on x of 4 against y of 2): the update re-cuts one
+      onto the other; the model gathers and slices, XLA mixes all-gathers and
+      collective-permutes;
     - a reduce-scatter over two devices: XLA:CPU lowers some as an all-reduce of part of
       the operand and collective-permutes (the same bytes in all, of other kinds);
     - a scatter-add (an embedding's gradient) with its indices cut, or a gather (a lookup)
@@ -91,6 +100,10 @@ def unclaimed(plan) -> str | None:
       partial results, gather the indices and updates, re-cut the table) by its own
       estimate, the model takes one."""
     mesh, prog = plan.goal.mesh, plan.goal.program
+    for group in find_groups(prog):
+        cuts = [plan.value_sharding(v) for v in group.params + group.moments]
+        if any(_recut(a, b, mesh) for a in cuts for b in cuts):
+            return f"{group.name} and its optimizer state cut one dim on other axes"
     for c in plan.cost.collectives:
         if c.kind == "all-to-all":
             return f"moves a mesh axis between dims ({c.source})"
@@ -103,6 +116,8 @@ def unclaimed(plan) -> str | None:
             moved = plan.goal.cost_model.execution_shardings(op.index, plan.state)
             if op.inputs[1] in moved:
                 return f"gather whose cut indices are re-cut (op {op.index})"
+        if plan.goal.cost_model.slices_an_input_to_reduce(op.index, plan.state):
+            return f"{op.primitive} slices an input to leave a partial sum (op {op.index})"
         if op.primitive == "reshape" and _cut_on_a_hidden_factor(plan, op):
             return f"reshape cut on a minor factor of a merged dim (op {op.index})"
         dims = _dims_moved(op, prog.values)
@@ -113,6 +128,18 @@ def unclaimed(plan) -> str | None:
             if any(mesh[a] > 1 for d in dims if d < len(sharding) for a in sharding[d]):
                 return f"{op.primitive} along a dim cut by a mesh axis (op {op.index})"
     return None
+
+
+def _recut(src, dst, mesh) -> bool:
+    """Whether some dim of `src` loses mesh axes and gains others in `dst`, cut into a
+    different number of tiles (equal numbers are one collective-permute, which the model
+    prices)."""
+    for s, t in zip(src, dst):
+        s = {a for a in s if mesh[a] > 1}
+        t = {a for a in t if mesh[a] > 1}
+        if s - t and t - s and math.prod(mesh[a] for a in s) != math.prod(mesh[a] for a in t):
+            return True
+    return False
 
 
 def _cut(plan, v: int | None) -> bool:
