@@ -89,10 +89,10 @@ def unclaimed(plan) -> str | None:
       along the contracted dim (a replicated weight against an activation cut along its
       features): XLA all-reduces the partial sum or gathers the activation, possibly
       further up its producers, as its propagation through the neighbouring ops decides;
-    - a parameter and its optimizer moments cut along one dim by different mesh axes into
-      different numbers of tiles (rows on x of 4 against y of 2): the update re-cuts one
-      onto the other; the model gathers and slices, XLA mixes all-gathers and
-      collective-permutes;
+    - a dim re-cut from some mesh axes onto others that cut it into a different number of
+      tiles (a bias on x of 4 added to an activation on y of 2; a parameter and its
+      optimizer moments cut that way, which the update re-cuts): the model gathers and
+      slices, XLA mixes all-gathers and collective-permutes;
     - a reduce-scatter over two devices: XLA:CPU lowers some as an all-reduce of part of
       the operand and collective-permutes (the same bytes in all, of other kinds);
     - a scatter-add (an embedding's gradient) with its indices cut, or a gather (a lookup)
@@ -116,6 +116,9 @@ def unclaimed(plan) -> str | None:
             moved = plan.goal.cost_model.execution_shardings(op.index, plan.state)
             if op.inputs[1] in moved:
                 return f"gather whose cut indices are re-cut (op {op.index})"
+        for v, want in plan.goal.cost_model.execution_shardings(op.index, plan.state).items():
+            if _recut(plan.value_sharding(v), want, mesh):
+                return f"{op.primitive} re-cuts an operand onto other axes (op {op.index})"
         if plan.goal.cost_model.slices_an_input_to_reduce(op.index, plan.state):
             return f"{op.primitive} slices an input to leave a partial sum (op {op.index})"
         if op.primitive == "reshape" and _cut_on_a_hidden_factor(plan, op):
