@@ -93,6 +93,8 @@ def unclaimed(plan) -> str | None:
       tiles (a bias on x of 4 added to an activation on y of 2; a parameter and its
       optimizer moments cut that way, which the update re-cuts): the model gathers and
       slices, XLA mixes all-gathers and collective-permutes;
+    - an op's result gathered for its readers (computed cut, needed whole): XLA may
+      gather a smaller value further up the chain that produces it instead;
     - a reduce-scatter over two devices: XLA:CPU lowers some as an all-reduce of part of
       the operand and collective-permutes (the same bytes in all, of other kinds);
     - a scatter-add (an embedding's gradient) with its indices cut, or a gather (a lookup)
@@ -119,6 +121,9 @@ def unclaimed(plan) -> str | None:
         for v, want in plan.goal.cost_model.execution_shardings(op.index, plan.state).items():
             if _recut(plan.value_sharding(v), want, mesh):
                 return f"{op.primitive} re-cuts an operand onto other axes (op {op.index})"
+        if any(kind == "all-gather" and reuse is None
+               for kind, _, _, reuse in plan.goal.cost_model.op_cost(op.index, plan.state).collectives):  # fmt: skip
+            return f"{op.primitive} result gathered for its readers (op {op.index})"
         if plan.goal.cost_model.slices_an_input_to_reduce(op.index, plan.state):
             return f"{op.primitive} slices an input to leave a partial sum (op {op.index})"
         if op.primitive == "reshape" and _cut_on_a_hidden_factor(plan, op):
