@@ -89,16 +89,17 @@ def unclaimed(plan) -> str | None:
       along the contracted dim (a replicated weight against an activation cut along its
       features): XLA all-reduces the partial sum or gathers the activation, possibly
       further up its producers, as its propagation through the neighbouring ops decides;
-    - a dim re-cut from some mesh axes onto others that cut it into a different number of
-      tiles (a bias on x of 4 added to an activation on y of 2; a parameter and its
-      optimizer moments cut that way, which the update re-cuts): the model gathers and
-      slices, XLA mixes all-gathers and collective-permutes;
+    - a dim re-cut from some mesh axes onto others (a bias on x added to an activation on
+      y; a parameter and its optimizer moments cut that way, which the update re-cuts):
+      the model gathers and slices, or sends each tile with a collective-permute where
+      both sides have as many tiles; XLA mixes all-gathers and collective-permutes and
+      shares them between readers in its own way;
     - an op's result gathered for its readers (computed cut, needed whole): XLA may
       gather a smaller value further up the chain that produces it instead;
     - a reduce-scatter over two devices: XLA:CPU lowers some as an all-reduce of part of
       the operand and collective-permutes (the same bytes in all, of other kinds);
     - a scatter-add (an embedding's gradient) with its indices cut, or a gather (a lookup)
-      whose cut indices the model re-cuts: XLA weighs the ways to partition these (sum
+      with both its table and its indices cut, or cut indices the model re-cuts: XLA weighs the ways to partition these (sum
       partial results, gather the indices and updates, re-cut the table) by its own
       estimate, the model takes one."""
     mesh, prog = plan.goal.mesh, plan.goal.program
@@ -116,8 +117,8 @@ def unclaimed(plan) -> str | None:
             return f"scatter-add with its indices cut (op {op.index})"
         if op.primitive == "gather" and _cut(plan, op.inputs[1]):
             moved = plan.goal.cost_model.execution_shardings(op.index, plan.state)
-            if op.inputs[1] in moved:
-                return f"gather whose cut indices are re-cut (op {op.index})"
+            if op.inputs[1] in moved or _cut(plan, op.inputs[0]):
+                return f"gather with its table and indices cut (op {op.index})"
         for v, want in plan.goal.cost_model.execution_shardings(op.index, plan.state).items():
             if _recut(plan.value_sharding(v), want, mesh):
                 return f"{op.primitive} re-cuts an operand onto other axes (op {op.index})"
@@ -139,13 +140,11 @@ def unclaimed(plan) -> str | None:
 
 
 def _recut(src, dst, mesh) -> bool:
-    """Whether some dim of `src` loses mesh axes and gains others in `dst`, cut into a
-    different number of tiles (equal numbers are one collective-permute, which the model
-    prices)."""
+    """Whether some dim of `src` loses mesh axes and gains others in `dst`."""
     for s, t in zip(src, dst):
         s = {a for a in s if mesh[a] > 1}
         t = {a for a in t if mesh[a] > 1}
-        if s - t and t - s and math.prod(mesh[a] for a in s) != math.prod(mesh[a] for a in t):
+        if s - t and t - s:
             return True
     return False
 
