@@ -89,8 +89,10 @@ def unclaimed(plan) -> str | None:
       along the contracted dim (a replicated weight against an activation cut along its
       features): XLA all-reduces the partial sum or gathers the activation, possibly
       further up its producers, as its propagation through the neighbouring ops decides;
-    - a dim re-cut from some mesh axes onto others (a bias on x added to an activation on
-      y; a parameter and its optimizer moments cut that way, which the update re-cuts):
+    - a parameter and its optimizer moments cut in more than one way (the replicated
+      parameter of ZeRO-1 with its moments cut one way is claimed): the update re-cuts
+      them onto each other, and XLA places and shares those collectives its own way;
+    - a dim re-cut from some mesh axes onto others (a bias on x added to an activation on y):
       the model gathers and slices, or sends each tile with a collective-permute where
       both sides have as many tiles; XLA mixes all-gathers and collective-permutes and
       shares them between readers in its own way;
@@ -99,14 +101,14 @@ def unclaimed(plan) -> str | None:
     - a reduce-scatter over two devices: XLA:CPU lowers some as an all-reduce of part of
       the operand and collective-permutes (the same bytes in all, of other kinds);
     - a scatter-add (an embedding's gradient) with its indices cut, or a gather (a lookup)
-      with both its table and its indices cut, or cut indices the model re-cuts: XLA weighs the ways to partition these (sum
-      partial results, gather the indices and updates, re-cut the table) by its own
-      estimate, the model takes one."""
+      with its table and its indices cut, or cut indices the model re-cuts: XLA weighs the
+      ways to partition these (sum partial results, gather the indices and updates,
+      re-cut the table) by its own estimate, the model takes one."""
     mesh, prog = plan.goal.mesh, plan.goal.program
     for group in find_groups(prog):
-        cuts = [plan.value_sharding(v) for v in group.params + group.moments]
-        if any(_recut(a, b, mesh) for a in cuts for b in cuts):
-            return f"{group.name} and its optimizer state cut one dim on other axes"
+        cuts = {_cutting(plan.value_sharding(v), mesh) for v in group.params + group.moments}
+        if len({c for c in cuts if any(c)}) > 1:
+            return f"{group.name} and its optimizer moments are cut in different ways"
     for c in plan.cost.collectives:
         if c.kind == "all-to-all":
             return f"moves a mesh axis between dims ({c.source})"
@@ -137,6 +139,10 @@ def unclaimed(plan) -> str | None:
             if any(mesh[a] > 1 for d in dims if d < len(sharding) for a in sharding[d]):
                 return f"{op.primitive} along a dim cut by a mesh axis (op {op.index})"
     return None
+
+
+def _cutting(sharding, mesh) -> tuple:
+    return tuple(tuple(a for a in axes if mesh[a] > 1) for axes in sharding)
 
 
 def _recut(src, dst, mesh) -> bool:
