@@ -104,30 +104,30 @@ def unclaimed(plan) -> str | None:
       with its table and its indices cut, or cut indices the model re-cuts: XLA weighs the
       ways to partition these (sum partial results, gather the indices and updates,
       re-cut the table) by its own estimate, the model takes one."""
-    mesh, prog = plan.goal.mesh, plan.goal.program
-    for group in find_groups(prog):
-        cuts = {_cutting(plan.value_sharding(v), mesh) for v in group.params + group.moments}
-        if len({c for c in cuts if any(c)}) > 1:
-            return f"{group.name} and its optimizer moments are cut in different ways"
+    mesh, prog, model = plan.goal.mesh, plan.goal.program, plan.goal.cost_model
     for c in plan.cost.collectives:
         if c.kind == "all-to-all":
             return f"moves a mesh axis between dims ({c.source})"
         if c.kind == "reduce-scatter" and math.prod(mesh[a] for a in c.axes) == 2:
             return f"reduce-scatter over two devices ({c.source})"
+    for group in find_groups(prog):
+        cuts = {_cutting(plan.value_sharding(v), mesh) for v in group.params + group.moments}
+        if len({c for c in cuts if any(c)}) > 1:
+            return f"{group.name} and its optimizer moments are cut in different ways"
     for op in prog.ops:
         if op.primitive == "scatter-add" and _cut(plan, op.inputs[1]):
             return f"scatter-add with its indices cut (op {op.index})"
         if op.primitive == "gather" and _cut(plan, op.inputs[1]):
-            moved = plan.goal.cost_model.execution_shardings(op.index, plan.state)
+            moved = model.execution_shardings(op.index, plan.state)
             if op.inputs[1] in moved or _cut(plan, op.inputs[0]):
                 return f"gather with its table and indices cut (op {op.index})"
-        for v, want in plan.goal.cost_model.execution_shardings(op.index, plan.state).items():
+        for v, want in model.execution_shardings(op.index, plan.state).items():
             if _recut(plan.value_sharding(v), want, mesh):
                 return f"{op.primitive} re-cuts an operand onto other axes (op {op.index})"
-        if any(kind == "all-gather" and reuse is None
-               for kind, _, _, reuse in plan.goal.cost_model.op_cost(op.index, plan.state).collectives):  # fmt: skip
+        colls = model.op_cost(op.index, plan.state).collectives
+        if any(kind == "all-gather" and reuse is None for kind, _, _, reuse in colls):
             return f"{op.primitive} result gathered for its readers (op {op.index})"
-        if plan.goal.cost_model.slices_an_input_to_reduce(op.index, plan.state):
+        if model.slices_an_input_to_reduce(op.index, plan.state):
             return f"{op.primitive} slices an input to leave a partial sum (op {op.index})"
         if op.primitive == "reshape" and _cut_on_a_hidden_factor(plan, op):
             return f"reshape cut on a minor factor of a merged dim (op {op.index})"
