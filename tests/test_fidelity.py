@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from partir.goal import Goal
 from partir.ir.xla import as_cpu_kinds
@@ -177,3 +178,98 @@ def test_carried_state_returned_resharded_is_held_to_the_end_like_xla():
     assert all(s == P(None, None) for p, s in plan.out_specs.items() if p.startswith("out/0"))
     stats = partir.verify(goal, plan).stats
     assert plan.cost.peak_memory_bytes == pytest.approx(stats.true_peak_bytes, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "mesh, spec",
+    [
+        ({"a": 2, "b": 2}, ("a", "b")),
+        ({"a": 2, "b": 4}, ("a", "b")),
+        ({"a": 2, "b": 2, "c": 2}, (("a", "b"), "c")),
+    ],
+)
+def test_a_reduction_over_dims_on_different_axes_is_one_all_reduce_per_dim(mesh, spec):
+    # sum(x) with x tiled on a and b in two dims: XLA reduces each sharded dim on its own
+    # (an all-reduce over a, then one over b: twice the bytes of one over (a, b)); a dim
+    # tiled on (a, b) together is one all-reduce over both
+
+    goal = Goal(lambda x: jnp.sum(x), (S((8, 16), f32),), mesh)
+    plan = make_plan(goal, {"x": P(*spec)})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert [c.axes for c in plan.cost.collectives] == [s if isinstance(s, tuple) else (s,)
+                                                       for s in spec]  # fmt: skip
+
+
+def test_an_axis_of_size_1_never_costs_a_collective():
+    # found by test_cost_model_collectives_match_xla: the bias add reads b tiled on
+    # `expert` and h on (x, expert), which cut it the same way when x has size 1; the model
+    # all-to-all'ed the axis that looked moved (1 KiB), XLA moves nothing
+    from partir.testing.strategies import Recipe, Step
+    from partir.testing.strategies.programs import Forward
+
+    steps = ("dense", 16), ("merge", 0), ("broadcast", 2), ("merge", 0), ("bias", 0), ("dense", 16)
+    fn = Forward(Recipe("seq", 16, 4, seq=2, steps=tuple(Step(*s) for s in steps),
+                        outputs=("y", "sum", "max")))  # fmt: skip
+    goal = Goal(fn, fn.example_args(), {"expert": 4, "data": 1, "x": 1})
+    spec = {"params/l0/w": P("x", None), "params/l4/b": P("expert"),
+            "params/l5/w": P(("x", "expert")), "data/x": P("x", None, "data")}  # fmt: skip
+    plan = make_plan(goal, spec)
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert not any(c.kind == "all-to-all" for c in plan.cost.collectives)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_contraction_that_would_slice_an_input_gathers_the_other_operand_if_smaller(train):
+    # x @ w, x f32[16,4,16] an input replicated, w f32[16,16] tiled on its rows: rather
+    # than slice x to all-reduce x @ w (2 KiB, moved twice), XLA all-gathers w (1 KiB)
+    from partir.testing.strategies import Recipe, Step, TrainStep
+    from partir.testing.strategies.programs import Forward
+
+    recipe = Recipe("seq", 16, 16, seq=4, steps=(Step("dense", 16),))
+    fn = TrainStep(recipe) if train else Forward(recipe)
+    goal = Goal(fn, fn.example_args(), {"x": 2})
+    plan = make_plan(goal, {"params/l0/w": P("x", None)})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert not any(c.kind == "all-reduce" and c.bytes > 4 for c in plan.cost.collectives)
+
+
+def test_a_contraction_that_would_slice_an_input_reduces_if_gathering_is_no_smaller():
+    # h + tanh(h @ w_in) @ w_out, h f32[8,8,16] cut on its features, w_in replicated:
+    # gathering h (4 KiB) moves no fewer bytes than all-reducing h @ w_in (2 KiB, twice);
+    # XLA slices w_in and all-reduces
+    from partir.testing.strategies import Recipe, Step
+    from partir.testing.strategies.programs import Forward
+
+    fn = Forward(Recipe("seq", 8, 16, seq=8, steps=(Step("mlp", 8),)))
+    goal = Goal(fn, fn.example_args(), {"x": 8})
+    plan = make_plan(goal, {"data/x": P(None, None, "x")})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert [c.kind for c in plan.cost.collectives] == ["all-reduce"]
+
+
+def test_a_merge_of_a_dim_cut_on_its_minor_factor_gathers_the_result():
+    # x[8, 4, 16] cut on its last dim, reshaped to [8, 64]: the merged dim cannot show a cut
+    # of its minor factor, so the result is gathered (the model predicted nothing)
+    goal = Goal(lambda x: x.reshape(8, 64), (S((8, 4, 16), f32),), {"x": 2})
+    plan = make_plan(goal, {"x": P(None, None, "x")})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert [c.kind for c in plan.cost.collectives] == ["all-gather"]
+
+
+def test_a_dim_re_cut_on_another_axis_of_its_size_is_one_collective_permute():
+    # an Adam step, w's rows on y and its second moment's rows on x, mesh 2x2: the update
+    # needs the moment's rows where w has them, each device's tile is sent over (XLA: one
+    # collective-permute per re-cut operand; the model gathered over x and sliced on y)
+    from partir.testing.strategies import Recipe, Step, TrainStep
+
+    fn = TrainStep(Recipe("dense", 16, 16, steps=(Step("dense", 16),)))
+    goal = Goal(fn, fn.example_args(), {"x": 2, "y": 2})
+    plan = make_plan(goal, {"params/l0/w": P("y", None), "opt_state/0/nu/l0/w": P("x", None)})
+    report = verify(goal, plan)
+    assert report.ok, report
+    assert report.compiled["collective-permute"] > 0

@@ -4,7 +4,8 @@ Each op runs with one sharding of its factors ("execution sharding"): taken from
 operands first, in order, then from its results for factors the operands leave whole; an
 axis serves at most one factor. Operands that disagree are resharded (all-gather,
 all-to-all, or a free local slice); a sharded reduction factor leaves a partial sum, an
-all-reduce, or a reduce-scatter where the result is itself tiled on that axis.
+all-reduce (one per factor, as XLA reduces each sharded dim on its own), or a reduce-scatter
+where the result is itself tiled on that axis.
 
 Step time is an estimate: compute as max(FLOPs / peak, bytes / HBM bandwidth) per op, plus
 every collective on an alpha-beta ring model per mesh axis, with no overlap. Collectives
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 import numpy as np
 
@@ -236,6 +237,20 @@ class CostModel:
             (k, axes, n, None if r is None else (vids[r[0]],) + r[1:])
             for k, axes, n, r in template.collectives), template.partial)  # fmt: skip
 
+    def slices_an_input_to_reduce(self, i: int, state: State) -> bool:
+        """Whether op `i` leaves a partial sum along a factor that one of its operands, an
+        input of the program, is not cut along (that input is sliced locally). XLA may
+        gather the other operands instead, as its propagation through the neighbouring ops
+        decides; `partir.verify`'s exclusions name these."""
+        if self.op_cost(i, state).partial is None:
+            return False
+        vids = self.prop.vids[i]
+        shardings = [state.shardings.get(v) or ((),) * len(self.prop.shapes[v]) for v in vids]
+        tensors = self.prop.tensors(i)
+        n_in = sum(1 for v in self.program.ops[i].inputs if v is not None)
+        return bool(self._reductions_uncut(self.program.ops[i].rule, tensors[:n_in],
+                                           shardings[:n_in]))  # fmt: skip
+
     def _op_kinds(self) -> list[int]:
         """Per op, what its cost depends on besides the shardings: its propagation kind,
         primitive, and per tensor the item size, whether it is free and whether it is a
@@ -264,7 +279,8 @@ class CostModel:
             return self._link_cost(op, tensors, shardings)
         n = len(shardings)
         n_in = sum(1 for v in op.inputs if v is not None)
-        keeps = None
+        keeps: OpCost | None = None
+        keeps_order: list[int] = []
         cands: list[OpCost] = []
         for first in range(n):
             order = [first] + [t for t in range(n) if t != first]
@@ -272,12 +288,24 @@ class CostModel:
             if not cand.collectives:
                 return cand
             if not _moves_operands(cand) and (keeps is None or _weight(cand) < _weight(keeps)):
-                keeps = cand
+                keeps, keeps_order = cand, order
             # on a tie, the result as it is sharded first (XLA's own choice)
             cands.insert(0 if first == n_in else len(cands), cand)
+        if keeps is not None and keeps.partial is not None:
+            uncut = self._reductions_uncut(op.rule, tensors[:n_in], shardings[:n_in])
+            if uncut:
+                # an input sliced along a contraction to leave a partial sum: XLA gathers
+                # the other operands instead where that moves fewer bytes
+                gathered = self._run_with(op, tensors, shardings, keeps_order, skip=uncut)
+                if _choice(gathered) < (False, _weight(keeps)):
+                    return gathered
         return keeps or min(cands, key=_choice, default=OpCost(0.0, 0.0, ()))
 
-    def _run_with(self, op, tensors, shardings: list[Sharding], order: list[int]) -> OpCost:
+    def _run_with(
+        self, op, tensors, shardings: list[Sharding], order: list[int], skip: Set[int] = frozenset()
+    ) -> OpCost:
+        """How the op runs when the tensors in `order` claim the factors they are sharded
+        on, except the reduction factors in `skip` (operands are gathered along those)."""
         rule = op.rule
         prop = self.prop
         mesh = self.mesh
@@ -294,12 +322,13 @@ class CostModel:
                     kind = rule.kinds[f]
                     if f in fa or used & set(axes):
                         continue
-                    if kind is Kind.PASS or (kind is Kind.REDUCTION and t < n_in):
+                    if kind is Kind.PASS or (kind is Kind.REDUCTION and f not in skip and t < n_in):
                         fa[f] = axes
                         used |= set(axes)
         colls: list[tuple[str, Axes, int, tuple | None]] = []
         nbytes = 0.0  # HBM traffic: buffers read and written (fused and free values are none)
-        partial = [a for f, axes in fa.items() if rule.kinds[f] is Kind.REDUCTION for a in axes]
+        by_factor = [axes for f, axes in fa.items() if rule.kinds[f] is Kind.REDUCTION]
+        partial = [a for axes in by_factor for a in axes]
         unreduced = None
         stored, free = self._stored, self.free
         for t, ((v, dims), s) in enumerate(zip(tensors, shardings)):
@@ -330,9 +359,17 @@ class CostModel:
                             c + tuple(a for a in axes if a in scatter and a not in c)
                             for c, axes in zip(cur, s)
                         )
-                    if reduce:
-                        size = local_size(shape, cur, mesh) * item
-                        colls.append(("all-reduce", tuple(reduce), size, None))
+                    size = local_size(shape, cur, mesh) * item
+                    for axes in by_factor:  # XLA reduces each sharded factor on its own
+                        rest = tuple(a for a in axes if a in reduce)
+                        if rest:
+                            colls.append(("all-reduce", rest, size, None))
+                # a factor the op is cut along that the result dim cannot show (the minor
+                # factor of a merged dim, its major one whole) is gathered to make the result
+                lost = tuple(a for fs in dims for f in fs if f in fa for a in fa[f]
+                             if not any(a in axes for axes in want))  # fmt: skip
+                if lost and v not in free:
+                    colls.append(("all-gather", lost, local_size(shape, cur, mesh) * item, None))
                 colls += [c + (None,) for c in reshard(shape, item, cur, s, mesh)]
                 if stored[v]:
                     nbytes += local_size(shape, want, mesh) * item
@@ -354,6 +391,21 @@ class CostModel:
                                                        for fs in dims), mesh)
                      for v, dims in tensors), default=0))  # fmt: skip
         return OpCost(flops, nbytes, tuple(colls), unreduced)
+
+    def _reductions_uncut(self, rule, operands, shardings: list[Sharding]) -> set[int]:
+        """The reduction factors that some operand has but is not cut along (by mesh axes
+        of size > 1), among the operands that are the program's inputs (their shardings are
+        fixed; XLA may re-cut a value the program computes)."""
+        mesh = self.mesh
+        uncut: set[int] = set()
+        for (v, dims), s in zip(operands, shardings):
+            if not self.is_input[v]:
+                continue
+            for d, fs in enumerate(dims):
+                on = {f for f, axes in split_axes(s[d], fs, rule.sizes, mesh)
+                      if any(mesh[a] > 1 for a in axes)} if s[d] else set()  # fmt: skip
+                uncut.update(f for f in fs if rule.kinds[f] is Kind.REDUCTION and f not in on)
+        return uncut
 
     def _link_cost(self, op, tensors, shardings) -> OpCost:
         (src, sdims), (dst, ddims) = tensors
@@ -548,9 +600,23 @@ def local_size(shape, sharding: Sequence[Axes], mesh: Mapping[str, int]) -> int:
 
 def reshard(shape, itemsize: int, src: Sharding, dst: Sharding, mesh) -> list:
     """Collectives that turn `src` into `dst`: gather the axes `dst` drops, all-to-all the
-    axes that move to another dim, then slice locally (free)."""
+    axes that move to another dim, then slice locally (free); where every dim is cut into
+    as many tiles on both sides, one collective-permute. Axes of size 1 cut nothing: they
+    are left out before comparing."""
     if src == dst:
         return []
+    src, dst = _cutting(src, mesh), _cutting(dst, mesh)
+    if src == dst:
+        return []
+    cuts = [
+        (math.prod(mesh[a] for a in s), math.prod(mesh[a] for a in t)) for s, t in zip(src, dst)
+    ]
+    if all(a == b for a, b in cuts):
+        # the same tiles on other devices (a dim cut on x re-cut on y of x's size): XLA
+        # sends each device's tile where it is needed, one collective-permute
+        moved = [a for s, t in zip(src, dst) if s != t for a in (*s, *t)]
+        return [("collective-permute", tuple(dict.fromkeys(moved)),
+                 local_size(shape, src, mesh) * itemsize)]  # fmt: skip
     where = {a: d for d, axes in enumerate(dst) for a in axes}
     kept: list[Axes] = []
     moving: list[tuple[str, int]] = []
@@ -574,6 +640,11 @@ def reshard(shape, itemsize: int, src: Sharding, dst: Sharding, mesh) -> list:
             ("all-to-all", tuple(a for a, _ in move), local_size(shape, after, mesh) * itemsize)
         )
     return out
+
+
+def _cutting(sharding: Sharding, mesh) -> Sharding:
+    """`sharding` without its mesh axes of size 1."""
+    return tuple(tuple(a for a in axes if mesh[a] > 1) for axes in sharding)
 
 
 def _conv_flops(op, local: list[int]) -> float:
