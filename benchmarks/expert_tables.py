@@ -20,8 +20,13 @@ CASES = [  # model, preset, mesh, device
     ("gns", "base", {"batch": 8, "model": 8}, "a100-80g"),
     ("unet", "base", {"batch": 8, "model": 8}, "h100"),
 ]
-SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
-         "collective-permute": "CP"}  # fmt: skip
+SHORT = {
+    "all-reduce": "AR",
+    "all-gather": "AG",
+    "reduce-scatter": "RS",
+    "all-to-all": "A2A",
+    "collective-permute": "CP",
+}
 
 
 def table(model: str, preset: str, mesh: dict, device: str) -> str:

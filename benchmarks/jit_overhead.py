@@ -51,8 +51,12 @@ def dispatch_us(calls: int = 2000) -> tuple[float, float]:
     """Median microseconds per call of a one-op function: partir.jit against jax.jit with
     the same shardings, its argument already laid out as the plan says."""
     x = jax.numpy.ones((8, 128))
-    ours = partir.jit(lambda x: x * 2.0, mesh={"batch": 8}, schedule=[st.auto("batch")],
-                      search=partir.Search(episodes=5))  # fmt: skip
+    ours = partir.jit(
+        lambda x: x * 2.0,
+        mesh={"batch": 8},
+        schedule=[st.auto("batch")],
+        search=partir.Search(episodes=5),
+    )
     jax.block_until_ready(ours(x))
     ins, outs = ours.plan.shardings()
     x = jax.device_put(x, ins[0])
@@ -77,8 +81,13 @@ def main() -> None:
     args = gpt.example_args(abstract=False, preset=a.preset)
     schedule = [st.batch("batch"), st.zero("batch", stage=3), st.megatron("model")]
     search = partir.Search(episodes=a.episodes, seed=0)
-    step = partir.jit(gpt.train_step, mesh={"batch": 2, "model": 4}, schedule=schedule,
-                      device="tpu-v4", search=search)  # fmt: skip
+    step = partir.jit(
+        gpt.train_step,
+        mesh={"batch": 2, "model": 4},
+        schedule=schedule,
+        device="tpu-v4",
+        search=search,
+    )
 
     t = time.perf_counter()
     jax.block_until_ready(step(*args))
@@ -93,12 +102,13 @@ def main() -> None:
     plain_first = time.perf_counter() - t
 
     compiled = next(iter(step._compiled.values()))
-    times = interleaved({"partir.jit": step, "compiled": compiled, "plain": plain}, args,
-                        a.calls)  # fmt: skip
+    times = interleaved({"partir.jit": step, "compiled": compiled, "plain": plain}, args, a.calls)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     ours_us, jax_us = dispatch_us()
-    print(f"gpt {a.preset}, mesh batch=2 x model=4, {len(plan.goal.program.ops)} ops, "
-          f"jax {jax.__version__}")  # fmt: skip
+    print(
+        f"gpt {a.preset}, mesh batch=2 x model=4, {len(plan.goal.program.ops)} ops, "
+        f"jax {jax.__version__}"
+    )
     print(f"first call, partir.jit:                  {first:8.3f} s (search {plan_s:.3f} s)")
     print(f"first call, jax.jit with plan.shardings: {plain_first:8.3f} s")
     print(f"later calls (median of {a.calls}, interleaved):")

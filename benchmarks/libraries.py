@@ -62,14 +62,18 @@ def _cases() -> list[Case]:
         return Case(f"keras-hub-{v}", "keras_hub", lambda: ls.keras_hub_step(v))
 
     return [
-        penzai("llama"), penzai("gemma"), penzai("neox"),
-        keras("llama"), keras("gemma"), keras("gpt2"),
+        penzai("llama"),
+        penzai("gemma"),
+        penzai("neox"),
+        keras("llama"),
+        keras("gemma"),
+        keras("gpt2"),
         Case("jraph-gns", "jraph", ls.jraph_gns_step),
         Case("maxtext-llama2", "maxtext", lambda: ls.maxtext_step("llama2", "fsdp")),
         Case("maxtext-mistral", "maxtext", lambda: ls.maxtext_step("mistral", "fsdp")),
         Case("maxtext-mixtral", "maxtext", lambda: ls.maxtext_step("mixtral", "fsdp")),
         Case("maxtext-mixtral-ep", "maxtext", lambda: ls.maxtext_step("mixtral", "expert")),
-    ]  # fmt: skip
+    ]
 
 
 @dataclass
@@ -105,8 +109,11 @@ class Row:
         if self.estimate_collective_bytes is None or self.library is None:
             return None
         x = self.library.collective_bytes
-        return (1.0 if self.estimate_collective_bytes == 0 else None) if x == 0 else (
-            self.estimate_collective_bytes / x)  # fmt: skip
+        return (
+            (1.0 if self.estimate_collective_bytes == 0 else None)
+            if x == 0
+            else (self.estimate_collective_bytes / x)
+        )
 
 
 def _measure(lowered) -> Measured:
@@ -131,8 +138,10 @@ def library_specs_by_path(goal, step) -> dict:
 
     flat = jax.tree.leaves(step.library_specs, is_leaf=lambda x: isinstance(x, P))
     if len(flat) != len(goal.program.inputs):
-        raise ValueError(f"the library's specs have {len(flat)} leaves, the step "
-                         f"{len(goal.program.inputs)} inputs")  # fmt: skip
+        raise ValueError(
+            f"the library's specs have {len(flat)} leaves, the step "
+            f"{len(goal.program.inputs)} inputs"
+        )
     return dict(zip(goal.program.inputs, flat))
 
 
@@ -145,14 +154,18 @@ def library_jit(goal, step, mesh):
 
     prog = goal.program
     spec_of = library_specs_by_path(goal, step)
-    ins = jax.tree.map(lambda s: NamedSharding(mesh, s), step.library_specs,
-                       is_leaf=lambda x: isinstance(x, P))  # fmt: skip
+    ins = jax.tree.map(
+        lambda s: NamedSharding(mesh, s), step.library_specs, is_leaf=lambda x: isinstance(x, P)
+    )
     outs = [NamedSharding(mesh, spec_of.get(prog.carried.get(p), P())) for p in prog.outputs]
     carried = {p.split("/", 1)[0] for p in prog.carried.values()}
     donate = tuple(i for i, n in enumerate(prog.arg_names) if n in carried)
-    return jax.jit(step.fn, in_shardings=tuple(ins),
-                   out_shardings=jax.tree_util.tree_unflatten(prog.out_tree, outs),
-                   donate_argnums=donate)  # fmt: skip
+    return jax.jit(
+        step.fn,
+        in_shardings=tuple(ins),
+        out_shardings=jax.tree_util.tree_unflatten(prog.out_tree, outs),
+        donate_argnums=donate,
+    )
 
 
 def mesh_label(mesh: dict[str, int]) -> str:
@@ -173,8 +186,14 @@ def run_case(case: Case, seconds: float, log=print) -> Row:
     args = _shapes(step.args)
     mesh = step.jax_mesh if step.jax_mesh is not None else make_mesh(step.mesh)
     with step.context():
-        goal = partir.Goal(step.fn, args, mesh, device=DEVICE, schedule=step.schedule,
-                           search=partir.Search(seconds=seconds, seed=0))  # fmt: skip
+        goal = partir.Goal(
+            step.fn,
+            args,
+            mesh,
+            device=DEVICE,
+            schedule=step.schedule,
+            search=partir.Search(seconds=seconds, seed=0),
+        )
         log(f"  {case.name}: compiling the library's plan")
         jitted = step.library_jit() if step.library_jit else library_jit(goal, step, mesh)
         with jax.set_mesh(mesh):
@@ -212,8 +231,10 @@ def _r(x: float | None, bar: float | None = None) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    head = (f"{'case':<20}{'mesh':<10}{'coll lib':>9}{'partir':>9}{'ratio':>7}"
-            f"{'alloc lib':>11}{'partir':>9}{'ratio':>7}{'est/XLA':>9}")  # fmt: skip
+    head = (
+        f"{'case':<20}{'mesh':<10}{'coll lib':>9}{'partir':>9}{'ratio':>7}"
+        f"{'alloc lib':>11}{'partir':>9}{'ratio':>7}{'est/XLA':>9}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.error:
@@ -238,8 +259,11 @@ def table(rows: list[Row]) -> str:
         "library's plan over XLA's ('!' off by more than 10%). XLA:CPU carries bf16 collectives",
         "in f32.",
     ]
-    plans = [f"  {r.case}: {r.library_plan}" + (f" ({r.note.strip()})" if r.note.strip() else "")
-             for r in rows if not r.error]  # fmt: skip
+    plans = [
+        f"  {r.case}: {r.library_plan}" + (f" ({r.note.strip()})" if r.note.strip() else "")
+        for r in rows
+        if not r.error
+    ]
     return "\n".join(lines + ["", "library plans:", *plans])
 
 
@@ -278,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 if case.module == "maxtext"
                 else "benchmarks/requirements-libraries.txt"
             )
-            log(f"skip {case.name}: {case.module} is not installed (see {needs})")  # fmt: skip
+            log(f"skip {case.name}: {case.module} is not installed (see {needs})")
             continue
         try:  # libraries print while they build: keep stdout for the table or the JSON
             with contextlib.redirect_stdout(sys.stderr):
@@ -291,10 +315,17 @@ def main(argv: list[str] | None = None) -> int:
         log("no case ran: none of their libraries is installed")
         return 0
     if a.json:
-        out = [{**asdict(r), "ratios": {"collective_bytes": r.ratio("collective_bytes"),
-                                        "allocated_bytes": r.ratio("allocated_bytes"),
-                                        "estimate_over_xla": r.estimate_ratio}}
-               for r in rows]  # fmt: skip
+        out = [
+            {
+                **asdict(r),
+                "ratios": {
+                    "collective_bytes": r.ratio("collective_bytes"),
+                    "allocated_bytes": r.ratio("allocated_bytes"),
+                    "estimate_over_xla": r.estimate_ratio,
+                },
+            }
+            for r in rows
+        ]
         print(json.dumps(out, indent=1))
         log(table(rows))
     else:

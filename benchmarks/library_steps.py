@@ -66,8 +66,9 @@ def moment_specs(tx, opt_state, param_specs):
     """Specs of an optax state: each moment its parameter's spec, counters replicated."""
     import optax
 
-    return optax.tree_map_params(tx, lambda _, spec: spec, opt_state, param_specs,
-                                 transform_non_params=lambda _: P())  # fmt: skip
+    return optax.tree_map_params(
+        tx, lambda _, spec: spec, opt_state, param_specs, transform_non_params=lambda _: P()
+    )
 
 
 def lm_loss(logits, tokens):
@@ -79,8 +80,13 @@ def lm_loss(logits, tokens):
 
 
 # -- penzai ------------------------------------------------------------------------------
-PENZAI_MEGATRON = {"batch": "data", "neurons": "model", "heads": "model",
-                   "query_heads": "model", "head_groups": "model"}  # fmt: skip
+PENZAI_MEGATRON = {
+    "batch": "data",
+    "neurons": "model",
+    "heads": "model",
+    "query_heads": "model",
+    "head_groups": "model",
+}
 
 
 def penzai_step(variant: str, *, batch=16, seq=64, seed=0) -> LibraryStep:
@@ -96,19 +102,36 @@ def penzai_step(variant: str, *, batch=16, seq=64, seed=0) -> LibraryStep:
     common = dict(embedding_dim=128, mlp_hidden_dim=512, num_decoder_blocks=2, vocab_size=vocab)
     if variant == "llama":
         config = llamalike_common.LlamalikeTransformerConfig(
-            num_kv_heads=4, query_head_multiplier=1, projection_dim=32, mlp_variant="swiglu",
-            tie_embedder_and_logits=False, **common)  # fmt: skip
+            num_kv_heads=4,
+            query_head_multiplier=1,
+            projection_dim=32,
+            mlp_variant="swiglu",
+            tie_embedder_and_logits=False,
+            **common,
+        )
         model = llamalike_common.build_llamalike_transformer(config, jax.random.key(seed))
     elif variant == "gemma":  # Gemma 2B's shape: multi-query attention, tied embeddings
         config = llamalike_common.LlamalikeTransformerConfig(
-            num_kv_heads=1, query_head_multiplier=8, projection_dim=16,
-            mlp_variant="geglu_approx", tie_embedder_and_logits=True, **common)  # fmt: skip
+            num_kv_heads=1,
+            query_head_multiplier=8,
+            projection_dim=16,
+            mlp_variant="geglu_approx",
+            tie_embedder_and_logits=True,
+            **common,
+        )
         model = llamalike_common.build_llamalike_transformer(config, jax.random.key(seed))
     else:
         config = gpt_neox.GPTNeoXTransformerConfig(
-            num_attention_heads=4, projection_dim=32, activation_fn="gelu_exact",
-            rope_subset_size=8, rope_wavelength=10_000.0, layernorm_epsilon=1e-5,
-            parameter_dtype=jnp.float32, activation_dtype=jnp.float32, **common)  # fmt: skip
+            num_attention_heads=4,
+            projection_dim=32,
+            activation_fn="gelu_exact",
+            rope_subset_size=8,
+            rope_wavelength=10_000.0,
+            layernorm_epsilon=1e-5,
+            parameter_dtype=jnp.float32,
+            activation_dtype=jnp.float32,
+            **common,
+        )
         model = gpt_neox.build_gpt_neox_transformer(config, jax.random.key(seed))
 
     unbound, values = pz.unbind_params(model, freeze=True)
@@ -116,10 +139,15 @@ def penzai_step(variant: str, *, batch=16, seq=64, seed=0) -> LibraryStep:
     tx = optax.adamw(1e-3)
 
     def bind(params):
-        return pz.bind_variables(unbound, [
-            dataclasses.replace(v, value=pz.nx.wrap(get_path(params, v.label)).tag(*axes[v.label]))
-            for v in values
-        ])  # fmt: skip
+        return pz.bind_variables(
+            unbound,
+            [
+                dataclasses.replace(
+                    v, value=pz.nx.wrap(get_path(params, v.label)).tag(*axes[v.label])
+                )
+                for v in values
+            ],
+        )
 
     def train_step(params, opt_state, batch):
         def loss_fn(p):
@@ -141,16 +169,21 @@ def penzai_step(variant: str, *, batch=16, seq=64, seed=0) -> LibraryStep:
     named = sharding_util.name_to_name_sharding(
         [v.value for v in values], mesh, {k: "flat" for k in PENZAI_MEGATRON if k != "batch"}
     )
-    param_specs = nest_paths({
-        v.label: P(*["model" if e else None for e in s.data_array.spec])
-        for v, s in zip(values, named)
-    })  # fmt: skip
+    param_specs = nest_paths(
+        {
+            v.label: P(*["model" if e else None for e in s.data_array.spec])
+            for v, s in zip(values, named)
+        }
+    )
     specs = (param_specs, moment_specs(tx, opt_state, param_specs), {"tokens": P("data")})
     return LibraryStep(
-        train_step, (params, opt_state, data), MEGATRON_MESH, specs,
+        train_step,
+        (params, opt_state, data),
+        MEGATRON_MESH,
+        specs,
         [st.batch("data"), st.megatron("model")],
         "penzai name_to_name_sharding: neurons, heads -> model; batch -> data",
-    )  # fmt: skip
+    )
 
 
 # -- keras-hub ---------------------------------------------------------------------------
@@ -195,18 +228,34 @@ def keras_hub_step(variant: str, *, batch=16, seq=64, seed=0) -> LibraryStep:
     vocab = 512
     if variant == "llama":
         backbone = keras_hub.models.LlamaBackbone(
-            vocabulary_size=vocab, num_layers=2, num_query_heads=4, hidden_dim=128,
-            intermediate_dim=512, num_key_value_heads=4)  # fmt: skip
+            vocabulary_size=vocab,
+            num_layers=2,
+            num_query_heads=4,
+            hidden_dim=128,
+            intermediate_dim=512,
+            num_key_value_heads=4,
+        )
         causal = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
     elif variant == "gemma":  # Gemma 7B's shape (multi-head): keras-hub's layout map
         backbone = keras_hub.models.GemmaBackbone(
-            vocabulary_size=vocab, num_layers=2, num_query_heads=4, num_key_value_heads=4,
-            hidden_dim=128, intermediate_dim=512, head_dim=32)  # fmt: skip
+            vocabulary_size=vocab,
+            num_layers=2,
+            num_query_heads=4,
+            num_key_value_heads=4,
+            hidden_dim=128,
+            intermediate_dim=512,
+            head_dim=32,
+        )
         causal = keras_hub.models.GemmaCausalLM(backbone, preprocessor=None)
     else:
         backbone = keras_hub.models.GPT2Backbone(
-            vocabulary_size=vocab, num_layers=2, num_heads=4, hidden_dim=128,
-            intermediate_dim=512, max_sequence_length=seq)  # fmt: skip
+            vocabulary_size=vocab,
+            num_layers=2,
+            num_heads=4,
+            hidden_dim=128,
+            intermediate_dim=512,
+            max_sequence_length=seq,
+        )
         causal = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
 
     device_mesh = keras.distribution.DeviceMesh(
@@ -215,8 +264,9 @@ def keras_hub_step(variant: str, *, batch=16, seq=64, seed=0) -> LibraryStep:
     if variant == "gpt2":
         layout, plan = gpt2_layout_map(device_mesh), "LayoutMap in keras-hub's form (none shipped)"
     else:
-        layout = type(backbone).get_layout_map(device_mesh, model_parallel_dim_name="model",
-                                               data_parallel_dim_name="batch")  # fmt: skip
+        layout = type(backbone).get_layout_map(
+            device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"
+        )
         plan = f"{type(backbone).__name__}.get_layout_map + ModelParallel"
 
     variables = causal.trainable_variables
@@ -227,8 +277,9 @@ def keras_hub_step(variant: str, *, batch=16, seq=64, seed=0) -> LibraryStep:
     def train_step(params, opt_state, batch):
         def loss_fn(p):
             inputs = {"token_ids": batch["tokens"], "padding_mask": jnp.ones_like(batch["tokens"])}
-            logits, _ = causal.stateless_call([get_path(p, n) for n in names], non_trainable,
-                                              inputs, training=True)  # fmt: skip
+            logits, _ = causal.stateless_call(
+                [get_path(p, n) for n in names], non_trainable, inputs, training=True
+            )
             return lm_loss(logits, batch["tokens"])
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -248,10 +299,14 @@ def keras_hub_step(variant: str, *, batch=16, seq=64, seed=0) -> LibraryStep:
     opt_state = tx.init(params)
     specs = (param_specs, moment_specs(tx, opt_state, param_specs), {"tokens": P("data")})
     return LibraryStep(
-        train_step, (params, opt_state, {"tokens": tokens}), MEGATRON_MESH, specs,
-        [st.batch("data"), st.megatron("model")], plan,
+        train_step,
+        (params, opt_state, {"tokens": tokens}),
+        MEGATRON_MESH,
+        specs,
+        [st.batch("data"), st.megatron("model")],
+        plan,
         note=f"keras {keras.__version__}, keras-hub {keras_hub.__version__}; optax adamw",
-    )  # fmt: skip
+    )
 
 
 # -- jraph -------------------------------------------------------------------------------
@@ -277,23 +332,42 @@ def jraph_gns_step(*, graphs=8, nodes=64, edges=256, seed=0) -> LibraryStep:
     )
     specs = (rep(params), rep(opt_state), {"graph": graph_specs, "target": P()})
     return LibraryStep(
-        fn, (params, opt_state, data), {"devices": 8}, specs, [st.auto("devices")],
+        fn,
+        (params, opt_state, data),
+        {"devices": 8},
+        specs,
+        [st.auto("devices")],
         "jraph sharded_graphnet: edges split, nodes and parameters replicated",
-    )  # fmt: skip
+    )
 
 
 # -- MaxText -----------------------------------------------------------------------------
-MAXTEXT_SMALL = ["override_model_config=True", "base_emb_dim=128", "base_mlp_dim=512",
-                 "base_moe_mlp_dim=512", "base_num_decoder_layers=2", "head_dim=32",
-                 "vocab_size=512", "per_device_batch_size=2", "max_target_length=64"]  # fmt: skip
+MAXTEXT_SMALL = [
+    "override_model_config=True",
+    "base_emb_dim=128",
+    "base_mlp_dim=512",
+    "base_moe_mlp_dim=512",
+    "base_num_decoder_layers=2",
+    "head_dim=32",
+    "vocab_size=512",
+    "per_device_batch_size=2",
+    "max_target_length=64",
+]
 MAXTEXT_MODELS = {
     "llama2": ["model_name=llama2-7b", "base_num_query_heads=4", "base_num_kv_heads=4"],
     "mistral": ["model_name=mistral-7b", "base_num_query_heads=4", "base_num_kv_heads=2"],
     # dense expert matmuls: megablox and ragged kernels are TPU/GPU only
-    "mixtral": ["model_name=mixtral-8x7b", "base_num_query_heads=4", "base_num_kv_heads=2",
-                "num_experts=4", "num_experts_per_tok=2", "sparse_matmul=False",
-                "megablox=False", "capacity_factor=-1"],
-}  # fmt: skip
+    "mixtral": [
+        "model_name=mixtral-8x7b",
+        "base_num_query_heads=4",
+        "base_num_kv_heads=2",
+        "num_experts=4",
+        "num_experts_per_tok=2",
+        "sparse_matmul=False",
+        "megablox=False",
+        "capacity_factor=-1",
+    ],
+}
 MAXTEXT_MESHES = {  # second axis: fsdp or expert; the first data, the third tensor
     "fsdp": ["ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"],
     "expert": ["ici_data_parallelism=2", "ici_expert_parallelism=2", "ici_tensor_parallelism=2"],
@@ -318,10 +392,21 @@ def maxtext_step(variant: str, middle: str = "fsdp", *, output_dir: str | None =
 
     base = str(pathlib.Path(maxtext.__file__).parent / "configs" / "base.yml")
     out = output_dir or tempfile.mkdtemp(prefix="maxtext-")
-    argv = ["", base, *MAXTEXT_MODELS[variant], *MAXTEXT_SMALL, *MAXTEXT_MESHES[middle],
-            "hardware=cpu", "skip_jax_distributed_system=True", "enable_checkpointing=False",
-            "dataset_type=synthetic", "attention=dot_product", "enable_tensorboard=False",
-            f"run_name={variant}", f"base_output_directory={out}"]  # fmt: skip
+    argv = [
+        "",
+        base,
+        *MAXTEXT_MODELS[variant],
+        *MAXTEXT_SMALL,
+        *MAXTEXT_MESHES[middle],
+        "hardware=cpu",
+        "skip_jax_distributed_system=True",
+        "enable_checkpointing=False",
+        "dataset_type=synthetic",
+        "attention=dot_product",
+        "enable_tensorboard=False",
+        f"run_name={variant}",
+        f"base_output_directory={out}",
+    ]
     config = pyconfig.initialize(argv)
     devices = maxtext_utils.create_device_mesh(config, jax.devices()[:8])
     mesh = Mesh(devices, config.mesh_axes, axis_types=(AxisType.Auto,) * len(config.mesh_axes))
@@ -337,8 +422,9 @@ def maxtext_step(variant: str, middle: str = "fsdp", *, output_dir: str | None =
     if static or kwargs:
         raise RuntimeError("MaxText's train step takes static or keyword arguments here")
     # the specs MaxText gives each argument leaf (a sharding may cover a whole subtree)
-    specs = jax.tree_util.tree_map(lambda sh, sub: jax.tree.map(lambda _: sh.spec, sub),
-                                   tuple(in_sh), tuple(args))  # fmt: skip
+    specs = jax.tree_util.tree_map(
+        lambda sh, sub: jax.tree.map(lambda _: sh.spec, sub), tuple(in_sh), tuple(args)
+    )
 
     def library_jit():
         return jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate)
@@ -351,10 +437,15 @@ def maxtext_step(variant: str, middle: str = "fsdp", *, output_dir: str | None =
 
     second = st.fsdp("fsdp") if middle == "fsdp" else st.expert("expert")
     return LibraryStep(
-        fn, tuple(args), {str(a): int(n) for a, n in mesh.shape.items()}, specs,
+        fn,
+        tuple(args),
+        {str(a): int(n) for a, n in mesh.shape.items()},
+        specs,
         [st.batch("data"), second, st.megatron("tensor")],
         f"MaxText {variant} logical_axis_rules (base.yml), train_compile's jit",
         note=f"maxtext {getattr(maxtext, '__version__', '')}; dtype {config.dtype}, "
-             f"weights {config.weight_dtype}",
-        jax_mesh=mesh, context=context, library_jit=library_jit,
-    )  # fmt: skip
+        f"weights {config.weight_dtype}",
+        jax_mesh=mesh,
+        context=context,
+        library_jit=library_jit,
+    )

@@ -27,24 +27,35 @@ def main() -> None:
     ap.add_argument("--hand", action="store_true", help="also solve shapes chosen by hand")
     a = ap.parse_args()
     args = gpt.example_args(layers=24, d_model=2048, heads=16, seq=1024, batch=32, vocab=32000)
-    common = dict(device="tpu-v4", memory_limit="32GiB",
-                  schedule=[st.batch("data"), st.fsdp("fsdp"), st.megatron("tensor")])  # fmt: skip
+    common = dict(
+        device="tpu-v4",
+        memory_limit="32GiB",
+        schedule=[st.batch("data"), st.fsdp("fsdp"), st.megatron("tensor")],
+    )
     t = time.perf_counter()
-    goal = partir.Goal(gpt.train_step, args, devices=64, **common,
-                       mesh={"data": None, "fsdp": None, "tensor": None})  # fmt: skip
+    goal = partir.Goal(
+        gpt.train_step,
+        args,
+        devices=64,
+        **common,
+        mesh={"data": None, "fsdp": None, "tensor": None},
+    )
     plan = partir.solve(goal)
     seconds = time.perf_counter() - t
     for row in mesh_rows(plan):
         print(" | ".join(row)[:140])
-    print(f"chosen {plan.mesh}: step {fmt_seconds(plan.cost.step_time_s)}, peak "
-          f"{fmt_bytes(plan.cost.peak_memory_bytes)} (estimates); {seconds:.1f} s in all, "
-          "tracing included")  # fmt: skip
+    print(
+        f"chosen {plan.mesh}: step {fmt_seconds(plan.cost.step_time_s)}, peak "
+        f"{fmt_bytes(plan.cost.peak_memory_bytes)} (estimates); {seconds:.1f} s in all, "
+        "tracing included"
+    )
     if a.hand:
         for data, fsdp, tensor in HAND:
             mesh = {"data": data, "fsdp": fsdp, "tensor": tensor}
             t = time.perf_counter()
-            hand = partir.solve(partir.Goal(gpt.train_step, args, mesh=mesh, **common),
-                                baselines=False)  # fmt: skip
+            hand = partir.solve(
+                partir.Goal(gpt.train_step, args, mesh=mesh, **common), baselines=False
+            )
             print(
                 f"by hand {mesh}: step {fmt_seconds(hand.cost.step_time_s)}, peak "
                 f"{fmt_bytes(hand.cost.peak_memory_bytes)} ({time.perf_counter() - t:.1f} s)"

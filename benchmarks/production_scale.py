@@ -67,12 +67,20 @@ def run(seconds: float) -> list[dict]:
             chips *= n
         ideal = ideal_seconds(preset, chips, goal.device.flops)
         c = plan.cost
-        rows.append({
-            "case": label, "chips": chips, "solve_s": wall, "fits": c.fits,
-            "peak_bytes": c.peak_memory_bytes, "limit_bytes": goal.memory_limit,
-            "compute_s": c.compute_s, "step_s": c.step_time_s, "ideal_s": ideal,
-            "compute_over_ideal": c.compute_s / ideal,
-        })  # fmt: skip
+        rows.append(
+            {
+                "case": label,
+                "chips": chips,
+                "solve_s": wall,
+                "fits": c.fits,
+                "peak_bytes": c.peak_memory_bytes,
+                "limit_bytes": goal.memory_limit,
+                "compute_s": c.compute_s,
+                "step_s": c.step_time_s,
+                "ideal_s": ideal,
+                "compute_over_ideal": c.compute_s / ideal,
+            }
+        )
         print(f"  {label}: {wall:.1f} s", file=sys.stderr, flush=True)
     return rows
 
@@ -87,13 +95,17 @@ def main() -> int:
         print(json.dumps(rows, indent=1))
         return 0
     gib = 1024**3
-    print(f"{'case':<14}{'chips':>6}{'solve':>8}{'peak / limit (est.)':>22}"
-          f"{'compute (est.)':>16}{'step (est.)':>13}{'ideal':>9}{'compute/ideal':>15}")  # fmt: skip
+    print(
+        f"{'case':<14}{'chips':>6}{'solve':>8}{'peak / limit (est.)':>22}"
+        f"{'compute (est.)':>16}{'step (est.)':>13}{'ideal':>9}{'compute/ideal':>15}"
+    )
     for r in rows:
         peak = f"{r['peak_bytes'] / gib:.1f}/{r['limit_bytes'] / gib:.0f} GiB"
-        print(f"{r['case']:<14}{r['chips']:>6}{r['solve_s']:>7.1f}s{peak:>22}"
-              f"{r['compute_s']:>15.3f}s{r['step_s']:>12.3f}s{r['ideal_s']:>8.3f}s"
-              f"{r['compute_over_ideal']:>14.2f}x")  # fmt: skip
+        print(
+            f"{r['case']:<14}{r['chips']:>6}{r['solve_s']:>7.1f}s{peak:>22}"
+            f"{r['compute_s']:>15.3f}s{r['step_s']:>12.3f}s{r['ideal_s']:>8.3f}s"
+            f"{r['compute_over_ideal']:>14.2f}x"
+        )
     return 0
 
 

@@ -49,8 +49,13 @@ MESHES: dict[str, dict[str, int]] = {
 }
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 GNS_EDGE_INPUTS = ("batch/edges", "batch/senders", "batch/receivers")
-SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
-         "collective-permute": "CP"}  # fmt: skip
+SHORT = {
+    "all-reduce": "AR",
+    "all-gather": "AG",
+    "reduce-scatter": "RS",
+    "all-to-all": "A2A",
+    "collective-permute": "CP",
+}
 F32 = (("compute_dtype", "float32"),)
 
 
@@ -118,13 +123,15 @@ def maxtext_rules(goal) -> dict:
         "mlp_norm/scale": (tensor,),
     }
     rules = {f"**/layers/**/{k}": P(*lead, *v) for k, v in layer.items()}
-    rules.update({
-        "**/embed": P(tensor, fsdp),
-        "**/unembed": P(fsdp, tensor),
-        "**/final_norm/scale": P(tensor),
-        "batch/tokens": P((data, fsdp)),
-        "batch/targets": P((data, fsdp)),
-    })  # fmt: skip
+    rules.update(
+        {
+            "**/embed": P(tensor, fsdp),
+            "**/unembed": P(fsdp, tensor),
+            "**/final_norm/scale": P(tensor),
+            "batch/tokens": P((data, fsdp)),
+            "batch/targets": P((data, fsdp)),
+        }
+    )
     return rules
 
 
@@ -167,8 +174,13 @@ def plans_for(model: Model, mesh_name: str, args, quick: bool, seconds: float) -
         out.append(("MaxText", lambda: partir.plan(goal, [maxtext_rules(goal)])))
 
     def searched():
-        g = partir.Goal(module.train_step, args, mesh, schedule=natural_schedule(model.module, mesh),
-                        search=partir.Search(seconds=seconds, seed=0))  # fmt: skip
+        g = partir.Goal(
+            module.train_step,
+            args,
+            mesh,
+            schedule=natural_schedule(model.module, mesh),
+            search=partir.Search(seconds=seconds, seed=0),
+        )
         return partir.solve(g, baselines=False)
 
     out.append(("searched", searched))
@@ -192,12 +204,18 @@ def measure(model: Model, mesh_name: str, name: str, build: Callable[[], Any]) -
         row.seconds = time.perf_counter() - t0
         return row
     cost, stats = plan.cost, report.stats
-    row.predicted = {"peak": cost.peak_memory_bytes, "flops": cost.flops,
-                     "collectives": sum(report.predicted.values())}  # fmt: skip
-    row.xla = {"peak": stats.true_peak_bytes, "flops": stats.step_flops,
-               "collectives": sum(report.compiled.values()),
-               "allocated": stats.allocated_bytes,
-               "cost_analysis_flops": stats.flops}  # fmt: skip
+    row.predicted = {
+        "peak": cost.peak_memory_bytes,
+        "flops": cost.flops,
+        "collectives": sum(report.predicted.values()),
+    }
+    row.xla = {
+        "peak": stats.true_peak_bytes,
+        "flops": stats.step_flops,
+        "collectives": sum(report.compiled.values()),
+        "allocated": stats.allocated_bytes,
+        "cost_analysis_flops": stats.flops,
+    }
     for k in KINDS:
         if report.predicted.get(k) or report.compiled.get(k):
             row.predicted[k] = report.predicted.get(k, 0)
@@ -255,8 +273,10 @@ def _r(x: float | None) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    head = (f"{'model':<17}{'mesh':<7}{'plan':<12}{'peak':>6} {'pred/XLA':<15}"
-            f"{'coll':>6} {'pred/XLA':<15}{'flops':>6}  per kind (pred/XLA)")  # fmt: skip
+    head = (
+        f"{'model':<17}{'mesh':<7}{'plan':<12}{'peak':>6} {'pred/XLA':<15}"
+        f"{'coll':>6} {'pred/XLA':<15}{'flops':>6}  per kind (pred/XLA)"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.error:
@@ -319,8 +339,10 @@ def run(quick: bool, seconds: float, only: str | None, log=print) -> list[Row]:
             for name, build in plans:
                 row = measure(model, mesh_name, name, build)
                 rows.append(row)
-                log(f"  {row.model} {row.mesh} {row.plan}: {row.seconds:.1f}s"
-                    + (f" ({row.error})" if row.error else ""))  # fmt: skip
+                log(
+                    f"  {row.model} {row.mesh} {row.plan}: {row.seconds:.1f}s"
+                    + (f" ({row.error})" if row.error else "")
+                )
     return rows
 
 
@@ -328,8 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="mlp, gpt and llama tiny; fewer plans")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    ap.add_argument("--seconds", type=float, default=None,
-                    help="search budget per searched plan (default 2 quick, 5 full)")  # fmt: skip
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="search budget per searched plan (default 2 quick, 5 full)",
+    )
     ap.add_argument("--only", help="only the models whose label contains this text")
     a = ap.parse_args(argv)
     seconds = a.seconds if a.seconds is not None else (2.0 if a.quick else 5.0)
@@ -337,8 +363,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(a.quick, seconds, a.only, log=lambda s: print(s, file=sys.stderr))
     s = summary(rows)
     if a.json:
-        print(json.dumps({"rows": [r.__dict__ for r in rows], "summary": s,
-                          "seconds": time.perf_counter() - t0}, default=float))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "rows": [r.__dict__ for r in rows],
+                    "summary": s,
+                    "seconds": time.perf_counter() - t0,
+                },
+                default=float,
+            )
+        )
     else:
         print(table(rows))
         print()

@@ -70,8 +70,13 @@ def _spec_str(spec) -> str:
     return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
 
 
-SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
-         "collective-permute": "CP"}  # fmt: skip
+SHORT = {
+    "all-reduce": "AR",
+    "all-gather": "AG",
+    "reduce-scatter": "RS",
+    "all-to-all": "A2A",
+    "collective-permute": "CP",
+}
 
 
 def _cost_table(title: str, cost, baselines: dict):
@@ -80,14 +85,22 @@ def _cost_table(title: str, cost, baselines: dict):
     from partir.ir.cost import KINDS
     from partir.ir.messages import fmt_bytes, fmt_seconds
 
-    t = Table(title=title, title_justify="left", caption="times and memory are estimates of the "
-              "cost model; * over the memory limit; AR all-reduce, AG all-gather, RS reduce-scatter, A2A all-to-all, "
-              "CP collective-permute", caption_justify="left")  # fmt: skip
+    t = Table(
+        title=title,
+        title_justify="left",
+        caption="times and memory are estimates of the "
+        "cost model; * over the memory limit; AR all-reduce, AG all-gather, RS reduce-scatter, A2A all-to-all, "
+        "CP collective-permute",
+        caption_justify="left",
+    )
     t.add_column("plan")
     t.add_column("step", justify="right")
     t.add_column("compute", justify="right")
-    kinds = [k for k in KINDS if cost.comm_s_by_kind.get(k)
-             or any(c.comm_s_by_kind.get(k) for c in baselines.values())]  # fmt: skip
+    kinds = [
+        k
+        for k in KINDS
+        if cost.comm_s_by_kind.get(k) or any(c.comm_s_by_kind.get(k) for c in baselines.values())
+    ]
     for kind in kinds:
         t.add_column(SHORT[kind], justify="right")
     t.add_column("memory", justify="right")
@@ -99,9 +112,7 @@ def _cost_table(title: str, cost, baselines: dict):
             name,
             fmt_seconds(c.step_time_s),
             fmt_seconds(c.compute_s),
-            *[
-                fmt_seconds(c.comm_s_by_kind[k]) if c.comm_s_by_kind.get(k) else "-" for k in kinds
-            ],  # fmt: skip
+            *[fmt_seconds(c.comm_s_by_kind[k]) if c.comm_s_by_kind.get(k) else "-" for k in kinds],
             fmt_bytes(c.peak_memory_bytes) + ("" if c.fits else " *"),
             f"{ratio:.2f}x",
         )
@@ -124,12 +135,14 @@ def cmd_solve(args) -> int:
     if args.seed is not None or args.seconds is not None or args.no_prune:
         import dataclasses
 
-        goal = goal.replace(search=dataclasses.replace(
-            goal.search,
-            seed=args.seed if args.seed is not None else goal.search.seed,
-            seconds=args.seconds if args.seconds is not None else goal.search.seconds,
-            prune=None if args.no_prune else goal.search.prune,
-        ))
+        goal = goal.replace(
+            search=dataclasses.replace(
+                goal.search,
+                seed=args.seed if args.seed is not None else goal.search.seed,
+                seconds=args.seconds if args.seconds is not None else goal.search.seconds,
+                prune=None if args.no_prune else goal.search.prune,
+            )
+        )
     show = console.is_terminal and not args.json
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -177,7 +190,11 @@ def cmd_solve(args) -> int:
             console.print(
                 f"memory: {fmt_bytes(plan.cost.peak_memory_bytes)} peak per device (estimate) "
                 f"against a limit of {fmt_bytes(goal.memory_limit)}"
-                + (f" ({goal.memory_limit_source})" if goal.memory_limit_source != "the goal" else "")
+                + (
+                    f" ({goal.memory_limit_source})"
+                    if goal.memory_limit_source != "the goal"
+                    else ""
+                )
             )
     if not plan.cost.fits:
         message = (
@@ -190,10 +207,14 @@ def cmd_solve(args) -> int:
         for nbytes, what in largest:
             console.print(f"  {fmt_bytes(nbytes):>12}  {what}")
         if args.json:
-            _print_error(message, EXIT_INFEASIBLE, peak_memory_bytes=plan.cost.peak_memory_bytes,
-                         memory_limit_bytes=goal.memory_limit,
-                         largest_buffers=[{"bytes": n, "what": w} for n, w in largest],
-                         plan=json.loads(plan.to_json()))  # fmt: skip
+            _print_error(
+                message,
+                EXIT_INFEASIBLE,
+                peak_memory_bytes=plan.cost.peak_memory_bytes,
+                memory_limit_bytes=goal.memory_limit,
+                largest_buffers=[{"bytes": n, "what": w} for n, w in largest],
+                plan=json.loads(plan.to_json()),
+            )
         return EXIT_INFEASIBLE
     return EXIT_OK
 
@@ -203,9 +224,13 @@ def _mesh_table(plan):
 
     from partir.solver.mesh_search import mesh_rows
 
-    t = Table(title=f"mesh shapes tried ({plan.goal.num_devices} devices)", title_justify="left",
-              caption="step and peak memory per device are estimates of the cost model; every "
-              "shape is searched briefly, the best again in full", caption_justify="left")  # fmt: skip
+    t = Table(
+        title=f"mesh shapes tried ({plan.goal.num_devices} devices)",
+        title_justify="left",
+        caption="step and peak memory per device are estimates of the cost model; every "
+        "shape is searched briefly, the best again in full",
+        caption_justify="left",
+    )
     t.add_column("mesh")
     t.add_column("step", justify="right")
     t.add_column("peak", justify="right")
@@ -271,21 +296,27 @@ def cmd_verify(args) -> int:
             numerics = str(err)
     ok = report.ok and (numerics is None or not isinstance(numerics, str))
     if args.json:
-        print(json.dumps({
-            "ok": ok,
-            "predicted": report.predicted,
-            "compiled": report.compiled,
-            "rows": [r.__dict__ for r in report.rows],
-            "numerics": numerics if isinstance(numerics, str) else (
-                None if numerics is None else {"max_relative_error": numerics}),
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "ok": ok,
+                    "predicted": report.predicted,
+                    "compiled": report.compiled,
+                    "rows": [r.__dict__ for r in report.rows],
+                    "numerics": numerics
+                    if isinstance(numerics, str)
+                    else (None if numerics is None else {"max_relative_error": numerics}),
+                }
+            )
+        )
     else:
         console.print(str(report))
         if numerics is not None:
             console.print(
-                numerics if isinstance(numerics, str)
+                numerics
+                if isinstance(numerics, str)
                 else f"numerics: max relative error {numerics:.2e} (sharded against unsharded)"
-            )  # fmt: skip
+            )
     return EXIT_OK if ok else EXIT_MISMATCH
 
 
@@ -330,8 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="compile a plan with XLA and compare with the prediction")
     v.add_argument("goal")
     v.add_argument("plan")
-    v.add_argument("--numerics", action="store_true",
-                   help="also run sharded and unsharded on small real arrays")  # fmt: skip
+    v.add_argument(
+        "--numerics",
+        action="store_true",
+        help="also run sharded and unsharded on small real arrays",
+    )
     v.add_argument("--json", action="store_true")
     v.set_defaults(fn=cmd_verify)
     e = sub.add_parser("explain", help="where each collective comes from, per layer")
@@ -380,8 +414,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InfeasibleMemory as err:
         print(f"error: {err}", file=sys.stderr)
         if as_json:
-            _print_error(str(err), EXIT_INFEASIBLE, smallest_memory_bytes=err.smallest_bytes,
-                         memory_limit_bytes=err.limit_bytes, axis=err.axis)  # fmt: skip
+            _print_error(
+                str(err),
+                EXIT_INFEASIBLE,
+                smallest_memory_bytes=err.smallest_bytes,
+                memory_limit_bytes=err.limit_bytes,
+                axis=err.axis,
+            )
         return EXIT_INFEASIBLE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -395,9 +434,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         import traceback
 
         traceback.print_exc()
-        print(f"error: partir {args.command} stopped on an unexpected error (exit status "
-              f"{EXIT_CRASH}, not a verdict); the traceback above says where: in your program, "
-              "check it; in partir, please report it", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: partir {args.command} stopped on an unexpected error (exit status "
+            f"{EXIT_CRASH}, not a verdict); the traceback above says where: in your program, "
+            "check it; in partir, please report it",
+            file=sys.stderr,
+        )
         return EXIT_CRASH
 
 

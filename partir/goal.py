@@ -34,7 +34,9 @@ def parse_bytes(x: int | float | str | None) -> int | None:
         try:
             q = units.read(x.strip())
         except UnitError as e:
-            raise ValueError(f"cannot read {x!r} as a size ({e}); write it like 32GiB or 500MB") from None
+            raise ValueError(
+                f"cannot read {x!r} as a size ({e}); write it like 32GiB or 500MB"
+            ) from None
         if q.kind not in ("size", "number"):
             raise ValueError(f"{x!r} is {q.describe()}, not a size; write it like 32GiB or 500MB")
         value = q.value
@@ -81,8 +83,11 @@ class Search:
                 f"patience must be a whole number >= 1, not {self.patience!r} (None: search "
                 "until `seconds` or `episodes`)"
             )
-        if not (isinstance(self.uct_c, int | float) and not isinstance(self.uct_c, bool)
-                and 0 <= self.uct_c < float("inf")):  # fmt: skip
+        if not (
+            isinstance(self.uct_c, int | float)
+            and not isinstance(self.uct_c, bool)
+            and 0 <= self.uct_c < float("inf")
+        ):
             raise ValueError(f"uct_c must be a finite number >= 0, not {self.uct_c!r}")
         if not isinstance(self.proxy, bool):
             raise ValueError(f"proxy must be True or False, not {self.proxy!r}")
@@ -232,10 +237,22 @@ class Goal:
     and its arguments stay the same."""
 
     _FIELDS = (
-        "program", "args", "mesh", "device", "memory_limit", "objective", "schedule", "search",
-        "data_inputs", "donate", "honour_constraints", "filename", "notes", "devices",
+        "program",
+        "args",
+        "mesh",
+        "device",
+        "memory_limit",
+        "objective",
+        "schedule",
+        "search",
+        "data_inputs",
+        "donate",
+        "honour_constraints",
+        "filename",
+        "notes",
+        "devices",
         "statement_error",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,
@@ -257,12 +274,22 @@ class Goal:
         statement_error: Callable[[Any, str], Exception] | None = None,
     ) -> None:
         self._given = {
-            "program": program, "args": args, "mesh": mesh, "device": device,
-            "memory_limit": memory_limit, "objective": objective, "schedule": schedule,
-            "search": search, "data_inputs": data_inputs, "donate": donate,
-            "honour_constraints": honour_constraints, "filename": filename, "notes": notes,
-            "devices": devices, "statement_error": statement_error,
-        }  # fmt: skip
+            "program": program,
+            "args": args,
+            "mesh": mesh,
+            "device": device,
+            "memory_limit": memory_limit,
+            "objective": objective,
+            "schedule": schedule,
+            "search": search,
+            "data_inputs": data_inputs,
+            "donate": donate,
+            "honour_constraints": honour_constraints,
+            "filename": filename,
+            "notes": notes,
+            "devices": devices,
+            "statement_error": statement_error,
+        }
         self.fn = program
         self.args = tuple(args)
         # a jax.sharding.Mesh: its axes and sizes, and plan.jit runs on its devices
@@ -271,8 +298,9 @@ class Goal:
         self.device = get_device(device) if isinstance(device, str) else device
         # no limit given: the device's HBM, so the search never prefers a plan that cannot run
         self.memory_limit = parse_bytes(memory_limit)
-        self.memory_limit_source = "the goal" if memory_limit is not None else (
-            f"the {self.device.name} HBM")
+        self.memory_limit_source = (
+            "the goal" if memory_limit is not None else (f"the {self.device.name} HBM")
+        )
         if self.memory_limit is None:
             self.memory_limit = self.device.hbm
         if objective not in ("time", "memory", "comm"):
@@ -297,9 +325,7 @@ class Goal:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if getattr(self, "_frozen", False):
-            raise AttributeError(
-                f"a Goal is frozen: make a new one with goal.replace({name}=...)"
-            )
+            raise AttributeError(f"a Goal is frozen: make a new one with goal.replace({name}=...)")
         object.__setattr__(self, name, value)
 
     def replace(self, **changes: Any) -> Goal:
@@ -389,8 +415,10 @@ class Goal:
     def _batches_by_default(self) -> bool:
         from partir.strategies import FSDP, Batch
 
-        return any(isinstance(s, FSDP) or (isinstance(s, Batch) and s.inputs is None)
-                   for s in self.schedule)  # fmt: skip
+        return any(
+            isinstance(s, FSDP) or (isinstance(s, Batch) and s.inputs is None)
+            for s in self.schedule
+        )
 
     @property
     def sizes(self) -> dict[str, int]:

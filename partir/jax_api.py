@@ -48,8 +48,14 @@ class Jit:
     ) -> None:
         self.fn = fn
         self.mesh = mesh
-        self.options = dict(device=device, memory_limit=memory_limit, objective=objective,
-                            schedule=list(schedule), search=search, devices=devices)  # fmt: skip
+        self.options = dict(
+            device=device,
+            memory_limit=memory_limit,
+            objective=objective,
+            schedule=list(schedule),
+            search=search,
+            devices=devices,
+        )
         self.static_argnums = _as_tuple(static_argnums)
         self.donate_argnums = _as_tuple(donate_argnums)
         both = set(self.static_argnums) & set(self.donate_argnums)
@@ -82,8 +88,11 @@ class Jit:
             )
         statics, dynamic = self._split(args)
         leaves, tree = jax.tree_util.tree_flatten(dynamic)
-        key = (tree, statics, tuple((getattr(x, "shape", ()), getattr(x, "dtype", type(x)))
-                                    for x in leaves))  # fmt: skip
+        key = (
+            tree,
+            statics,
+            tuple((getattr(x, "shape", ()), getattr(x, "dtype", type(x))) for x in leaves),
+        )
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self._build(key, statics, dynamic, len(args))
@@ -121,11 +130,13 @@ class Jit:
         mesh = plan_mesh(plan)
         static = {i for i, _ in statics}
         position = [i for i in range(nargs) if i not in static]  # dynamic index -> arg index
-        donate = tuple(k for k, i in enumerate(position)
-                       if i in {d % nargs for d in self.donate_argnums})  # fmt: skip
+        donate = tuple(
+            k for k, i in enumerate(position) if i in {d % nargs for d in self.donate_argnums}
+        )
         ins, outs = plan.shardings(mesh)
-        compiled = jax.jit(plan.jit(mesh), in_shardings=ins, out_shardings=outs,
-                           donate_argnums=donate)  # fmt: skip
+        compiled = jax.jit(
+            plan.jit(mesh), in_shardings=ins, out_shardings=outs, donate_argnums=donate
+        )
         self.plans[key] = self.plan = plan
         self._compiled[key] = compiled
         return compiled
@@ -199,9 +210,18 @@ def jit(
     per set of input shapes and dtypes (and static argument values) and kept; with
     `cache_dir`, on disk too. `static_argnums` and `donate_argnums` work as in `jax.jit`.
     Used bare or as a decorator: `@partir.jit(mesh=...)`."""
-    options = dict(mesh=mesh, schedule=schedule, device=device, memory_limit=memory_limit,
-                   objective=objective, search=search, static_argnums=static_argnums,
-                   donate_argnums=donate_argnums, cache_dir=cache_dir, devices=devices)  # fmt: skip
+    options = dict(
+        mesh=mesh,
+        schedule=schedule,
+        device=device,
+        memory_limit=memory_limit,
+        objective=objective,
+        search=search,
+        static_argnums=static_argnums,
+        donate_argnums=donate_argnums,
+        cache_dir=cache_dir,
+        devices=devices,
+    )
     if fn is None:
         return lambda f: Jit(f, **options)
     return Jit(fn, **options)

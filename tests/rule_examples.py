@@ -18,11 +18,36 @@ f32, i32 = jnp.float32, jnp.int32
 X = (4, 8)
 WINDOW = {"window_dimensions": (1, 2), "window_strides": (1, 2), "padding": ((0, 0), (0, 0))}
 BINARY = {
-    "add", "add_any", "and", "atan2", "complex", "div", "eq", "ge", "gt", "igamma", "igammac",
-    "le", "lt", "max", "min", "mul", "ne", "nextafter", "or", "polygamma", "pow",
-    "random_fold_in", "rem", "shift_left", "shift_right_arithmetic", "shift_right_logical",
-    "sub", "xor", "zeta",
-}  # fmt: skip
+    "add",
+    "add_any",
+    "and",
+    "atan2",
+    "complex",
+    "div",
+    "eq",
+    "ge",
+    "gt",
+    "igamma",
+    "igammac",
+    "le",
+    "lt",
+    "max",
+    "min",
+    "mul",
+    "ne",
+    "nextafter",
+    "or",
+    "polygamma",
+    "pow",
+    "random_fold_in",
+    "rem",
+    "shift_left",
+    "shift_right_arithmetic",
+    "shift_right_logical",
+    "sub",
+    "xor",
+    "zeta",
+}
 TERNARY = {"clamp", "select_n"}
 
 Example = tuple[list, list, dict]
@@ -40,8 +65,11 @@ WRITTEN: dict[str, Example] = {
     "cummin": ([X], [X], {"axis": 1}),
     "cumprod": ([X], [X], {"axis": 1}),
     "cumsum": ([X], [X], {"axis": 1}),
-    "dot_general": ([(2, 4, 16), (2, 16, 8)], [(2, 4, 8)],
-                    {"dimension_numbers": (((2,), (1,)), ((0,), (0,)))}),
+    "dot_general": (
+        [(2, 4, 16), (2, 16, 8)],
+        [(2, 4, 8)],
+        {"dimension_numbers": (((2,), (1,)), ((0,), (0,)))},
+    ),
     "dynamic_slice": ([X, None, None], [(4, 4)], {}),
     "dynamic_update_slice": ([X, (4, 2), None, None], [X], {}),
     "empty": ([], [(8, 4)], {}),
@@ -69,8 +97,11 @@ WRITTEN: dict[str, Example] = {
     "rng_bit_generator": ([(4,)], [(4,), X], {}),
     "select_and_gather_add": ([X, X], [(4, 4)], WINDOW),
     "select_and_scatter_add": ([(4, 4), X, None], [X], WINDOW),
-    "shard_map": ([(8, 32), (4, 6)], [(8,)],
-                  {"in_specs": (P("a", "b"), P(None, "a")), "out_specs": (P(("a", "b")),)}),
+    "shard_map": (
+        [(8, 32), (4, 6)],
+        [(8,)],
+        {"in_specs": (P("a", "b"), P(None, "a")), "out_specs": (P(("a", "b")),)},
+    ),
     "slice": ([X], [(4, 4)], {}),
     "sort": ([X, X], [X, X], {"dimension": 1}),
     "split": ([X], [(4, 2), (4, 6)], {"axis": 1}),
@@ -80,7 +111,7 @@ WRITTEN: dict[str, Example] = {
     "top_k": ([X], [(4, 2), (4, 2)], {}),
     "transpose": ([(4, 8, 2)], [(8, 4, 2)], {"permutation": (1, 0, 2)}),
     "unstack": ([(3, 4, 5)], [(3, 5)] * 4, {"axis": 1}),
-}  # fmt: skip
+}
 
 # primitive -> (JAX function, its args, the primitives its op may be named: JAX renames some)
 TRACED: dict[str, tuple[Callable, tuple, tuple[str, ...]]] = {
@@ -92,11 +123,19 @@ TRACED: dict[str, tuple[Callable, tuple, tuple[str, ...]]] = {
         ("conv_general_dilated",),
     ),
     "gather": (lambda e, i: e[i], (S((16, 8), f32), S((2, 3), i32)), ("gather",)),
-    "scatter": (lambda z, i, u: z.at[i].set(u), (S((16, 8), f32), S((5,), i32), S((5, 8), f32)),
-                ("scatter",)),
-}  # fmt: skip
-for _name, _method in (("scatter-add", "add"), ("scatter_add", "add"), ("scatter-max", "max"),
-                       ("scatter-min", "min"), ("scatter-mul", "multiply")):  # fmt: skip
+    "scatter": (
+        lambda z, i, u: z.at[i].set(u),
+        (S((16, 8), f32), S((5,), i32), S((5, 8), f32)),
+        ("scatter",),
+    ),
+}
+for _name, _method in (
+    ("scatter-add", "add"),
+    ("scatter_add", "add"),
+    ("scatter-max", "max"),
+    ("scatter-min", "min"),
+    ("scatter-mul", "multiply"),
+):
     TRACED[_name] = (
         lambda z, i, u, m=_method: getattr(z.at[i], m)(u),
         (S((16, 8), f32), S((5,), i32), S((5, 8), f32)),

@@ -20,24 +20,32 @@ def _apply(w, x):
     return jnp.tanh(x @ w)
 
 
-ARGS = ({"w1": jax.ShapeDtypeStruct((16, 32), jnp.float32),
-         "w2": jax.ShapeDtypeStruct((32, 8), jnp.float32)},
-        jax.ShapeDtypeStruct((8, 16), jnp.float32))  # fmt: skip
+ARGS = (
+    {
+        "w1": jax.ShapeDtypeStruct((16, 32), jnp.float32),
+        "w2": jax.ShapeDtypeStruct((32, 8), jnp.float32),
+    },
+    jax.ShapeDtypeStruct((8, 16), jnp.float32),
+)
 
 
 def test_batch_leaves_parameters_of_a_forward_pass_replicated():
     goal = partir.Goal(_forward, ARGS, mesh={"batch": 2}, schedule=[batch("batch")])
     plan = partir.solve(goal)
-    assert plan.specs == {"params/w1": P(None, None), "params/w2": P(None, None),
-                          "x": P("batch", None)}  # fmt: skip
+    assert plan.specs == {
+        "params/w1": P(None, None),
+        "params/w2": P(None, None),
+        "x": P("batch", None),
+    }
     check_plan(goal, plan)
     assert any("carries no state" in n and "'params' replicated" in n for n in goal.notes)
 
 
 def test_named_data_inputs_and_unnamed_parameters_keep_their_meaning():
     # batch(inputs=...) still decides, with no note
-    goal = partir.Goal(_forward, ARGS, mesh={"batch": 2},
-                       schedule=[batch("batch", inputs=("params/w1",))])  # fmt: skip
+    goal = partir.Goal(
+        _forward, ARGS, mesh={"batch": 2}, schedule=[batch("batch", inputs=("params/w1",))]
+    )
     assert partir.solve(goal).specs["params/w1"] == P("batch", None)
     assert not goal.notes
     # no argument named like parameters: every input is data, as before

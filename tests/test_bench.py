@@ -50,8 +50,7 @@ def test_bench_runs_in_tiny_form(tmp_path):
 
 
 def test_main_writes_report_and_json(tmp_path, monkeypatch, capsys):
-    small = {"cases": [bench.case("mlp", "tiny", bench.MESH_1D)], "scaling": [],
-             "pruning": []}  # fmt: skip
+    small = {"cases": [bench.case("mlp", "tiny", bench.MESH_1D)], "scaling": [], "pruning": []}
     real_run = bench.suite.run
     monkeypatch.setattr(bench.suite, "run", lambda **kw: real_run(**{**kw, **small}))
     report = tmp_path / "bench.md"

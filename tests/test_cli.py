@@ -29,8 +29,16 @@ def test_solve_json_out_rules_verify_explain(tmp_path, capsys):
     assert main(["solve", MLP, "--json", "--out", str(out), "--rules", str(rules)]) == 0
     printed = json.loads(capsys.readouterr().out)  # exactly one object on stdout
     assert printed["format"] == "partir-plan/1" == json.loads(out.read_text())["format"]
-    assert set(printed) >= {"mesh", "device", "specs", "out_specs", "cost", "baselines",
-                            "search", "goal"}  # fmt: skip
+    assert set(printed) >= {
+        "mesh",
+        "device",
+        "specs",
+        "out_specs",
+        "cost",
+        "baselines",
+        "search",
+        "goal",
+    }
     namespace: dict = {}
     exec(rules.read_text(), namespace)
     assert namespace["RULES"][-1][0] == "**"
@@ -82,16 +90,20 @@ def test_a_damaged_or_foreign_plan_file_exits_2_with_a_reason(tmp_path, capsys):
     assert other_mesh != pathlib.Path(MLP).read_text()
     (tmp_path / "other.partir").write_text(other_mesh)
     nope = json.loads(text)
-    nope["decisions"] = [[[p, d, "nope", pr, po] for p, d, _, pr, po in call]
-                         for call in record["decisions"]]  # fmt: skip
+    nope["decisions"] = [
+        [[p, d, "nope", pr, po] for p, d, _, pr, po in call] for call in record["decisions"]
+    ]
     cases = {
         "truncated": (text[: len(text) // 2], MLP, "it is not JSON"),
         "a list": ("[1, 2]", MLP, "format is 'list'"),
-        "no specs": (json.dumps({"format": record["format"], "mesh": record["mesh"]}), MLP,
-                     "damaged"),
+        "no specs": (
+            json.dumps({"format": record["format"], "mesh": record["mesh"]}),
+            MLP,
+            "damaged",
+        ),
         "unknown axis": (json.dumps(nope), MLP, "on axis 'nope'"),
         "other mesh": (text, str(tmp_path / "other.partir"), "solve the goal again"),
-    }  # fmt: skip
+    }
     for name, (content, goal, reason) in cases.items():
         bad = tmp_path / f"{name}.json"
         bad.write_text(content)
@@ -111,8 +123,11 @@ def test_a_mesh_axis_that_divides_no_batch_exits_2(tmp_path, capsys):
 
 def test_a_program_that_fails_to_trace_exits_2_naming_the_error(tmp_path, capsys):
     goal = tmp_path / "mixed.partir"
-    text = pathlib.Path(MLP).read_text().replace(
-        '"partir.models.mlp:train_step"', '"partir.models.gpt:train_step"')  # fmt: skip
+    text = (
+        pathlib.Path(MLP)
+        .read_text()
+        .replace('"partir.models.mlp:train_step"', '"partir.models.gpt:train_step"')
+    )
     goal.write_text(text)
     for command in ("check", "solve"):
         assert main([command, str(goal)]) == 2
@@ -146,8 +161,10 @@ def test_verify_that_crashes_exits_4_not_1_the_mismatch_status(tmp_path, capsys)
         pytest.skip("JAX started with 16 devices or more")
     (tmp_path / "small.py").write_text(SMALL)
     goal = tmp_path / "small.partir"
-    goal.write_text('program "small.py:step"\ninputs "small.py:args"()\nmesh batch=16\n'
-                    "axis batch { batch }\nsearch mcts(episodes=2)\n")  # fmt: skip
+    goal.write_text(
+        'program "small.py:step"\ninputs "small.py:args"()\nmesh batch=16\n'
+        "axis batch { batch }\nsearch mcts(episodes=2)\n"
+    )
     plan = tmp_path / "plan.json"
     assert main(["solve", str(goal), "--out", str(plan)]) == 0
     capsys.readouterr()

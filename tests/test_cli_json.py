@@ -78,6 +78,7 @@ def test_errors_and_warnings_are_exported():
 
 def test_import_partir_does_not_load_ortools():
     code = "import sys, partir; print(sorted(m for m in sys.modules if m.startswith('ortools')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"

@@ -33,16 +33,22 @@ except KeyboardInterrupt:
 
 
 def test_ctrl_c_after_a_solve_raises_keyboard_interrupt():
-    done = subprocess.run([sys.executable, "-c", PRUNE_THEN_CTRL_C], capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PRUNE_THEN_CTRL_C],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr  # -2: killed by the default handler
     assert done.stdout.split() == ["[True,", "False]", "KeyboardInterrupt"]
 
 
 models = st.lists(
     st.tuples(st.integers(0, 10**6), st.lists(st.integers(0, 10**6), max_size=3)),
-    min_size=1, max_size=4,
-)  # fmt: skip
+    min_size=1,
+    max_size=4,
+)
 
 
 @settings(max_examples=4, deadline=None)
@@ -69,9 +75,10 @@ def test_pruning_after_tensorflow_is_imported_does_not_crash(module):
         from partir.cli import main
         raise SystemExit(main(["solve", {os.path.join(ROOT, "examples", "mlp.partir")!r},
                                "--seconds", "5"]))
-    """)  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=600, check=False)  # fmt: skip
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "pruned by" in done.stderr
 
@@ -93,8 +100,9 @@ def test_ctrl_c_during_partir_solve_still_prints_a_plan(tmp_path):
     goal = tmp_path / "long.partir"
     goal.write_text(LONG)
     partir = os.path.join(os.path.dirname(sys.executable), "partir")
-    proc = subprocess.Popen([partir, "solve", str(goal)], stderr=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [partir, "solve", str(goal)], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stderr.readline()  # the note on axis 'spare' comes once traced
         assert line.startswith(str(goal)), line

@@ -114,8 +114,14 @@ def test_design_example_parses_as_written():
     assert spec.program.target == "partir.models.gpt:train_step"
     assert spec.inputs.target == "partir.models.gpt:example_args"
     assert spec.inputs.args == ()
-    assert spec.inputs.kwargs == {"layers": 24, "d_model": 2048, "heads": 16, "seq": 1024,
-                                  "batch": 256, "vocab": 32000}  # fmt: skip
+    assert spec.inputs.kwargs == {
+        "layers": 24,
+        "d_model": 2048,
+        "heads": 16,
+        "seq": 1024,
+        "batch": 256,
+        "vocab": 32000,
+    }
     assert spec.mesh == {"batch": 8, "model": 8}
     assert list(spec.mesh) == ["batch", "model"]
     assert spec.device == DEVICES["tpu-v4"]
@@ -219,20 +225,34 @@ def test_comments_whitespace_and_one_line():
 
 
 def test_names_may_be_words_that_are_keywords_elsewhere():
-    spec = parse('program "m:f" inputs "m:g"(mesh=1, on=2, true_=3) mesh on=2, dim=2, tile=2 '
-                 "axis on { batch } axis dim { zero } tile \"p\" dim 0 on tile")  # fmt: skip
+    spec = parse(
+        'program "m:f" inputs "m:g"(mesh=1, on=2, true_=3) mesh on=2, dim=2, tile=2 '
+        'axis on { batch } axis dim { zero } tile "p" dim 0 on tile'
+    )
     assert spec.mesh == {"on": 2, "dim": 2, "tile": 2}
     assert spec.inputs.kwargs == {"mesh": 1, "on": 2, "true_": 3}
     assert spec.schedule == [S.batch("on"), S.zero("dim"), S.tile("p", 0, "tile")]
 
 
 def test_values_in_calls():
-    spec = parse('program "m:f" inputs "m:g"(1, "s", a=-2, b=0.5, c=true, d=false, e=none, '
-                 'f="x y", g=[1, "a"], h=1e-3, i=32K, j=2GiB, k="a\\"b") mesh a=1')  # fmt: skip
+    spec = parse(
+        'program "m:f" inputs "m:g"(1, "s", a=-2, b=0.5, c=true, d=false, e=none, '
+        'f="x y", g=[1, "a"], h=1e-3, i=32K, j=2GiB, k="a\\"b") mesh a=1'
+    )
     assert spec.inputs.args == (1, "s")
-    assert spec.inputs.kwargs == {"a": -2, "b": 0.5, "c": True, "d": False, "e": None,
-                                  "f": "x y", "g": [1, "a"], "h": 1e-3, "i": 32_000,
-                                  "j": 2 * 2**30, "k": 'a"b'}  # fmt: skip
+    assert spec.inputs.kwargs == {
+        "a": -2,
+        "b": 0.5,
+        "c": True,
+        "d": False,
+        "e": None,
+        "f": "x y",
+        "g": [1, "a"],
+        "h": 1e-3,
+        "i": 32_000,
+        "j": 2 * 2**30,
+        "k": 'a"b',
+    }
 
 
 def test_optional_parts():
@@ -300,8 +320,10 @@ def test_device_block_and_units():
     assert d.hbm_bandwidth == 1.2e12 and d.latency == pytest.approx(2e-6)
     assert d.links == {"batch": 50e9, "model": 100e9}
     assert d.axis_bandwidths({"batch": 4, "model": 2}) == {"batch": 50e9, "model": 100e9}
-    d = parse(TINY + "device { hbm 1TB flops 1T/s hbm_bandwidth 1e12 link 10G/s "
-                     "node_size 4 network_bandwidth 5G/s }").device  # fmt: skip
+    d = parse(
+        TINY + "device { hbm 1TB flops 1T/s hbm_bandwidth 1e12 link 10G/s "
+        "node_size 4 network_bandwidth 5G/s }"
+    ).device
     assert d.link_bandwidth == 10e9 and d.node_size == 4 and d.network_bandwidth == 5e9
     d = parse(TINY + 'device "h100" { hbm 40GB link model 400G/s }').device
     assert d == dataclasses.replace(DEVICES["h100"], hbm=40 * 10**9).with_links({"model": 400e9})
@@ -311,98 +333,198 @@ def test_device_block_and_units():
 
 # (what is appended to TINY, the offending token, expected message) — parse-time checks
 PARSE_ERRORS = [
-    ("axis batch { batch }\naxis modle { megatron }", "modle",
-     "axis 'modle' is not a mesh axis (the mesh has 'batch' and 'model'); did you mean 'model'?"),
-    ('tile "params/embed" dim 0 on modle', "modle",
-     "axis 'modle' is not a mesh axis (the mesh has 'batch' and 'model'); did you mean 'model'?"),
-    ('replicate "params/embed" on btach', "btach",
-     "axis 'btach' is not a mesh axis (the mesh has 'batch' and 'model'); did you mean 'batch'?"),
-    ("axis model {\n    megatorn\n}", "megatorn",
-     "unknown strategy 'megatorn'; did you mean 'megatron'?"),
-    ("axis model { tile }", "tile",
-     "unknown strategy 'tile'; 'tile' is a statement of its own, outside axis blocks"),
-    ("axis batch { zero(stages=3) }", "stages",
-     "strategy 'zero' has no argument 'stages'; did you mean 'stage'? (it takes stage)"),
-    ("axis model { megatron(heads=4) }", "heads",
-     "strategy 'megatron' has no argument 'heads' (it takes no arguments)"),
+    (
+        "axis batch { batch }\naxis modle { megatron }",
+        "modle",
+        "axis 'modle' is not a mesh axis (the mesh has 'batch' and 'model'); did you mean 'model'?",
+    ),
+    (
+        'tile "params/embed" dim 0 on modle',
+        "modle",
+        "axis 'modle' is not a mesh axis (the mesh has 'batch' and 'model'); did you mean 'model'?",
+    ),
+    (
+        'replicate "params/embed" on btach',
+        "btach",
+        "axis 'btach' is not a mesh axis (the mesh has 'batch' and 'model'); did you mean 'batch'?",
+    ),
+    (
+        "axis model {\n    megatorn\n}",
+        "megatorn",
+        "unknown strategy 'megatorn'; did you mean 'megatron'?",
+    ),
+    (
+        "axis model { tile }",
+        "tile",
+        "unknown strategy 'tile'; 'tile' is a statement of its own, outside axis blocks",
+    ),
+    (
+        "axis batch { zero(stages=3) }",
+        "stages",
+        "strategy 'zero' has no argument 'stages'; did you mean 'stage'? (it takes stage)",
+    ),
+    (
+        "axis model { megatron(heads=4) }",
+        "heads",
+        "strategy 'megatron' has no argument 'heads' (it takes no arguments)",
+    ),
     ("axis batch { zero(stage=4) }", "4", "zero stage must be 1, 2 or 3, not 4"),
     ("axis batch { zero(stage=true) }", "true", "zero stage must be 1, 2 or 3, not true"),
     ('axis batch { zero(stage="3") }', '"3"', 'zero stage must be 1, 2 or 3, not "3"'),
-    ("axis batch { zero(3) }", "3",
-     "strategy 'zero' takes keyword arguments only, like name=value"),
-    ("axis batch { batch(inputs=3) }", "3",
-     'batch inputs is a path glob or a list of them, like inputs="batch/*" '
-     'or inputs=["batch/x", "batch/y"]'),
+    (
+        "axis batch { zero(3) }",
+        "3",
+        "strategy 'zero' takes keyword arguments only, like name=value",
+    ),
+    (
+        "axis batch { batch(inputs=3) }",
+        "3",
+        'batch inputs is a path glob or a list of them, like inputs="batch/*" '
+        'or inputs=["batch/x", "batch/y"]',
+    ),
     ("axis batch { zero(stage=1, stage=2) }", "stage", "argument 'stage' is given twice", 1),
-    ("axis batch { batch zero batch }", "batch",
-     "'batch' is already in the block of axis 'batch' (line 4)", 2),
-    ("axis batch { batch zero megatron }", "megatron",
-     "batch tiles the data inputs on axis 'batch' and megatron keeps them whole there; put "
-     "data parallelism and megatron on different mesh axes"),
-    ("axis batch { batch }\naxis batch { zero }", "batch",
-     "a second block for axis 'batch' (the first is at line 4); put all of its strategies in "
-     "one block", 2),
-    ('device "tpu-v3"', '"tpu-v3"',
-     "unknown device 'tpu-v3'; did you mean 'tpu-v4'? (known devices: "
-     "tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, a100-80g, h100, h200, b200, cpu)"),
+    (
+        "axis batch { batch zero batch }",
+        "batch",
+        "'batch' is already in the block of axis 'batch' (line 4)",
+        2,
+    ),
+    (
+        "axis batch { batch zero megatron }",
+        "megatron",
+        "batch tiles the data inputs on axis 'batch' and megatron keeps them whole there; put "
+        "data parallelism and megatron on different mesh axes",
+    ),
+    (
+        "axis batch { batch }\naxis batch { zero }",
+        "batch",
+        "a second block for axis 'batch' (the first is at line 4); put all of its strategies in "
+        "one block",
+        2,
+    ),
+    (
+        'device "tpu-v3"',
+        '"tpu-v3"',
+        "unknown device 'tpu-v3'; did you mean 'tpu-v4'? (known devices: "
+        "tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, a100-80g, h100, h200, b200, cpu)",
+    ),
     ("objective speed", "speed", "unknown objective 'speed' (choose time, memory or comm)"),
-    ("objective tiem", "tiem",
-     "unknown objective 'tiem'; did you mean 'time'? (choose time, memory or comm)"),
-    ("search mtcs(seconds=1)", "mtcs",
-     "unknown search 'mtcs'; did you mean 'mcts'? (the search is mcts)"),
-    ("search mcts(secs=1)", "secs",
-     "search has no argument 'secs'; did you mean 'seconds'? (it takes seconds, episodes, "
-     "seed, rollout, patience, uct_c or proxy)"),
+    (
+        "objective tiem",
+        "tiem",
+        "unknown objective 'tiem'; did you mean 'time'? (choose time, memory or comm)",
+    ),
+    (
+        "search mtcs(seconds=1)",
+        "mtcs",
+        "unknown search 'mtcs'; did you mean 'mcts'? (the search is mcts)",
+    ),
+    (
+        "search mcts(secs=1)",
+        "secs",
+        "search has no argument 'secs'; did you mean 'seconds'? (it takes seconds, episodes, "
+        "seed, rollout, patience, uct_c or proxy)",
+    ),
     ("search mcts(seconds=0)", "0", "seconds must be a positive number, not 0"),
     ("search mcts(episodes=1.5)", "1.5", "episodes must be a positive integer, not 1.5"),
-    ('search mcts(rollout="gredy")', '"gredy"',
-     "rollout must be 'greedy' or 'random', not \"gredy\"; did you mean 'greedy'?"),
-    ("search mcts(rollout=greedy)", "greedy",
-     "'greedy' is not a value: write a number, a \"string\", true, false or none; "
-     'to pass it as a string, write "greedy"'),
-    ("search mcts(prune=true)", "prune",
-     "prune is a statement of its own: prune cpsat, or prune none"),
-    ("prune cpsta", "cpsta",
-     "unknown pruner 'cpsta'; did you mean 'cpsat'? (write prune cpsat, or prune none)"),
+    (
+        'search mcts(rollout="gredy")',
+        '"gredy"',
+        "rollout must be 'greedy' or 'random', not \"gredy\"; did you mean 'greedy'?",
+    ),
+    (
+        "search mcts(rollout=greedy)",
+        "greedy",
+        "'greedy' is not a value: write a number, a \"string\", true, false or none; "
+        'to pass it as a string, write "greedy"',
+    ),
+    (
+        "search mcts(prune=true)",
+        "prune",
+        "prune is a statement of its own: prune cpsat, or prune none",
+    ),
+    (
+        "prune cpsta",
+        "cpsta",
+        "unknown pruner 'cpsta'; did you mean 'cpsat'? (write prune cpsat, or prune none)",
+    ),
     ("memory <= 32G", "32G", "memory takes a size, like 32GiB; '32G' is a count"),
     ("memory <= 32Gib", "Gib", "unknown unit 'Gib' in '32Gib'; did you mean 'GiB'?"),
     ("memory <= 32gb", "gb", "unknown unit 'gb' in '32gb'; did you mean 'GB'?"),
     ("memory <= 0", "0", "memory must be a positive size, not '0'"),
-    ("memory <= 1.5", "1.5",
-     "memory must be a whole number of bytes, not '1.5'; write a size like 1.5GiB"),
-    ('tile "params/embed" dim -1 on model', "-1",
-     "a tile dim is a dimension index 0, 1, ..., not '-1'"),
+    (
+        "memory <= 1.5",
+        "1.5",
+        "memory must be a whole number of bytes, not '1.5'; write a size like 1.5GiB",
+    ),
+    (
+        'tile "params/embed" dim -1 on model',
+        "-1",
+        "a tile dim is a dimension index 0, 1, ..., not '-1'",
+    ),
     ('tile "" dim 0 on model', '""', 'an empty path; write an input path like "params/embed"'),
     ("mesh a=2", "mesh", "a second 'mesh' statement; a goal has one (the first is at line 3)"),
-    ('program "m:f"', "program",
-     "a second 'program' statement; a goal has one (the first is at line 1)"),
-    ("device \"cpu\"\ndevice \"h100\"", "device",
-     "a second 'device' statement; a goal has one (the first is at line 4)", 1),
-    ("prune none prune cpsat", "prune",
-     "a second 'prune' statement; a goal has one (the first is at line 4)", 1),
-    ("device { hbm 1GB flops 1T }", "device",
-     "the device block gives no 'hbm_bandwidth'; give them, or start from a catalog device: "
-     'device "tpu-v4" { link model 100G/s }'),
-    ("device { hbm 1GB flops 1T hbm_bandwidth 1T/s link batch 1G/s }", "device",
-     "the device block gives no link bandwidth for mesh axis 'model'; add `link model 50G/s`, "
-     "or `link 50G/s` for every axis"),
-    ('device "cpu" { hbm_bandwith 1T/s }', "hbm_bandwith",
-     "unknown device field 'hbm_bandwith'; did you mean 'hbm_bandwidth'? (a device block "
-     "takes: hbm, flops, hbm_bandwidth, link, network_bandwidth, latency, node_size)"),
-    ('device "cpu" { link modle 1G/s }', "modle",
-     "link axis 'modle' is not a mesh axis (the mesh has 'batch' and 'model'); "
-     "did you mean 'model'?"),
-    ('device "cpu" { hbm model 1GB }', "model",
-     "'hbm' takes a value only; a mesh axis name is for 'link'"),
+    (
+        'program "m:f"',
+        "program",
+        "a second 'program' statement; a goal has one (the first is at line 1)",
+    ),
+    (
+        'device "cpu"\ndevice "h100"',
+        "device",
+        "a second 'device' statement; a goal has one (the first is at line 4)",
+        1,
+    ),
+    (
+        "prune none prune cpsat",
+        "prune",
+        "a second 'prune' statement; a goal has one (the first is at line 4)",
+        1,
+    ),
+    (
+        "device { hbm 1GB flops 1T }",
+        "device",
+        "the device block gives no 'hbm_bandwidth'; give them, or start from a catalog device: "
+        'device "tpu-v4" { link model 100G/s }',
+    ),
+    (
+        "device { hbm 1GB flops 1T hbm_bandwidth 1T/s link batch 1G/s }",
+        "device",
+        "the device block gives no link bandwidth for mesh axis 'model'; add `link model 50G/s`, "
+        "or `link 50G/s` for every axis",
+    ),
+    (
+        'device "cpu" { hbm_bandwith 1T/s }',
+        "hbm_bandwith",
+        "unknown device field 'hbm_bandwith'; did you mean 'hbm_bandwidth'? (a device block "
+        "takes: hbm, flops, hbm_bandwidth, link, network_bandwidth, latency, node_size)",
+    ),
+    (
+        'device "cpu" { link modle 1G/s }',
+        "modle",
+        "link axis 'modle' is not a mesh axis (the mesh has 'batch' and 'model'); "
+        "did you mean 'model'?",
+    ),
+    (
+        'device "cpu" { hbm model 1GB }',
+        "model",
+        "'hbm' takes a value only; a mesh axis name is for 'link'",
+    ),
     ('device "cpu" { hbm 1T/s }', "1T/s", "'hbm' takes a size, like 32GiB; '1T/s' is a rate"),
-    ('device "cpu" { link model 1GB }', "1GB",
-     "'link' takes a rate, like 50G/s; '1GB' is a size"),
-    ('device "cpu" { flops 1TB }', "1TB",
-     "'flops' takes a count or a rate, like 275T; '1TB' is a size"),
+    ('device "cpu" { link model 1GB }', "1GB", "'link' takes a rate, like 50G/s; '1GB' is a size"),
+    (
+        'device "cpu" { flops 1TB }',
+        "1TB",
+        "'flops' takes a count or a rate, like 275T; '1TB' is a size",
+    ),
     ('device "cpu" { node_size 2.5 }', "2.5", "node_size must be a positive integer, not '2.5'"),
-    ('device "cpu" { link model 1G/s link model 2G/s }', "model",
-     "a second 'link model' in the device block", 1),
-]  # fmt: skip
+    (
+        'device "cpu" { link model 1G/s link model 2G/s }',
+        "model",
+        "a second 'link model' in the device block",
+        1,
+    ),
+]
 
 
 @pytest.mark.parametrize("case", PARSE_ERRORS, ids=[c[0][:40] for c in PARSE_ERRORS])
@@ -447,8 +569,9 @@ def test_mesh_errors(mesh, token, message):
 
 def test_missing_statements():
     err = parse_error('# no program here\ninputs "m:g"\nmesh a=2\n')
-    assert err.message == ('the goal has no \'program\' statement; add one like: '
-                           'program "module:function"')  # fmt: skip
+    assert err.message == (
+        "the goal has no 'program' statement; add one like: program \"module:function\""
+    )
     assert (err.line, err.column) == (1, 1)
     err = parse_error('program "m:f" inputs "m:g"')
     assert err.message == "the goal has no 'mesh' statement; add one like: mesh batch=8, model=8"
@@ -459,13 +582,18 @@ def test_missing_statements():
 @pytest.mark.parametrize(
     "target, message",
     [
-        ("partir.models.gpt", 'program names a function as "module:function" or '
-         '"file.py:function", not "partir.models.gpt"'),
+        (
+            "partir.models.gpt",
+            'program names a function as "module:function" or '
+            '"file.py:function", not "partir.models.gpt"',
+        ),
         ("m:", 'program names a function as "module:function" or "file.py:function", not "m:"'),
-        ("a b:f", 'program names a function as "module:function" or "file.py:function", '
-         'not "a b:f"'),
+        (
+            "a b:f",
+            'program names a function as "module:function" or "file.py:function", not "a b:f"',
+        ),
     ],
-)  # fmt: skip
+)
 def test_entry_point_form(target, message):
     text = f'program "{target}"\ninputs "m:g"\nmesh a=2\n'
     err = parse_error(text)
@@ -477,8 +605,11 @@ def test_memory_in_bytes_may_be_written_with_an_exponent():
 
 
 def test_notes_not_warnings():
-    spec = parse('program "m:f" inputs "m:g"\nmesh batch=2, model=4\naxis batch { batch }\n'
-                 "memory <= 64GiB\n", "n.partir")  # fmt: skip
+    spec = parse(
+        'program "m:f" inputs "m:g"\nmesh batch=2, model=4\naxis batch { batch }\n'
+        "memory <= 64GiB\n",
+        "n.partir",
+    )
     assert spec.notes == [
         "n.partir:2:15: note: mesh axis 'model' has no axis block; nothing is sharded on it "
         "(it stays replicated). Add `axis model { ... }` to use it.",
@@ -493,8 +624,9 @@ def test_notes_not_warnings():
     goal = load_goal_text(TINY + "axis batch { batch }", base_dir=GOALS)
     assert len(goal.notes) == 1 and "mesh axis 'model' has no axis block" in goal.notes[0]
     # a device but no memory statement: its HBM is not a limit, and the note says so
-    spec = parse('program "m:f" inputs "m:g" mesh a=2 tile "x" dim 0 on a\ndevice "h100"',
-                 "h.partir")  # fmt: skip
+    spec = parse(
+        'program "m:f" inputs "m:g" mesh a=2 tile "x" dim 0 on a\ndevice "h100"', "h.partir"
+    )
     assert spec.notes == [
         "h.partir:2:1: note: no memory statement: plans are not held to a memory limit, not "
         "even the HBM of device 'h100' (80 GB); add `memory <= 80GB` to hold them to it"
@@ -506,43 +638,80 @@ def test_notes_not_warnings():
 SYNTAX_ERRORS = [
     ('progam "x"', "progam", "unknown statement 'progam'; did you mean 'program'?"),
     ("axisbatch { batch }", "axisbatch", "unknown statement 'axisbatch'; did you mean 'axis'?"),
-    ("memory 32 GiB", "GiB",
-     "unknown statement 'GiB'; a unit goes right after its number, with no space: 32GiB"),
-    ("zzz 3", "zzz",
-     "unknown statement 'zzz'; a statement starts with one of: program, inputs, mesh, "
-     "device, memory, objective, axis, tile, replicate, search, prune, constraints"),
-    ("axis batch {\n    batch\n", None,
-     "unexpected end of file; expected '(', '}' or a name to close the block opened at line 4"),
-    ('axis batch { batch\ntile "p" dim 0 on model', '"p"',
-     "unexpected string \"p\"; expected '(', '}' or a name (is the block opened at line 4 "
-     "closed?)"),
-    ("axis batch { zero(stage=3 }", "}",
-     "unexpected '}'; expected ')' or ',' (arguments are written name=value, separated "
-     'by commas: f(a=1, b="x"))'),
-    ('tile "params/embed" dim 0 model', "model",
-     "unexpected name 'model'; expected 'on' (tile is written: tile \"PATH\" dim N on AXIS)"),
-    ("tile params dim 0 on model", "params",
-     "unexpected name 'params'; expected a \"string\" (tile is written: tile \"PATH\" dim N "
-     "on AXIS)"),
-    ('replicate "p" model', "model",
-     "unexpected name 'model'; expected 'on' (replicate is written: replicate \"PATH\" on "
-     "AXIS)"),
-    ("memory < 32GiB", "<",
-     "unexpected character '<'; expected '<=' or a number (memory is written: memory <= "
-     "32GiB)"),
-    ("objective \"time\"", '"time"',
-     "unexpected string \"time\"; expected a name (objective is written: objective time (or "
-     "memory, or comm))"),
-    ('tile "params/embed dim 0 on model', '"params',
-     "unterminated string: close it with '\"' on the same line"),
+    (
+        "memory 32 GiB",
+        "GiB",
+        "unknown statement 'GiB'; a unit goes right after its number, with no space: 32GiB",
+    ),
+    (
+        "zzz 3",
+        "zzz",
+        "unknown statement 'zzz'; a statement starts with one of: program, inputs, mesh, "
+        "device, memory, objective, axis, tile, replicate, search, prune, constraints",
+    ),
+    (
+        "axis batch {\n    batch\n",
+        None,
+        "unexpected end of file; expected '(', '}' or a name to close the block opened at line 4",
+    ),
+    (
+        'axis batch { batch\ntile "p" dim 0 on model',
+        '"p"',
+        "unexpected string \"p\"; expected '(', '}' or a name (is the block opened at line 4 "
+        "closed?)",
+    ),
+    (
+        "axis batch { zero(stage=3 }",
+        "}",
+        "unexpected '}'; expected ')' or ',' (arguments are written name=value, separated "
+        'by commas: f(a=1, b="x"))',
+    ),
+    (
+        'tile "params/embed" dim 0 model',
+        "model",
+        "unexpected name 'model'; expected 'on' (tile is written: tile \"PATH\" dim N on AXIS)",
+    ),
+    (
+        "tile params dim 0 on model",
+        "params",
+        'unexpected name \'params\'; expected a "string" (tile is written: tile "PATH" dim N '
+        "on AXIS)",
+    ),
+    (
+        'replicate "p" model',
+        "model",
+        "unexpected name 'model'; expected 'on' (replicate is written: replicate \"PATH\" on AXIS)",
+    ),
+    (
+        "memory < 32GiB",
+        "<",
+        "unexpected character '<'; expected '<=' or a number (memory is written: memory <= 32GiB)",
+    ),
+    (
+        'objective "time"',
+        '"time"',
+        'unexpected string "time"; expected a name (objective is written: objective time (or '
+        "memory, or comm))",
+    ),
+    (
+        'tile "params/embed dim 0 on model',
+        '"params',
+        "unterminated string: close it with '\"' on the same line",
+    ),
     ("axis batch { batch } }", "}", "unexpected '}'; expected a statement", 1),
-    ("axis batch { batch ; }", ";",
-     "unexpected character ';'; expected '(', '}' or a name (an axis block is written: "
-     "axis NAME { strategy  strategy(name=value) ... })"),
-    ("search mcts(seconds=60", None,
-     "unexpected end of file; expected ')' or ',' (arguments are written name=value, "
-     'separated by commas: f(a=1, b="x"))'),
-]  # fmt: skip
+    (
+        "axis batch { batch ; }",
+        ";",
+        "unexpected character ';'; expected '(', '}' or a name (an axis block is written: "
+        "axis NAME { strategy  strategy(name=value) ... })",
+    ),
+    (
+        "search mcts(seconds=60",
+        None,
+        "unexpected end of file; expected ')' or ',' (arguments are written name=value, "
+        'separated by commas: f(a=1, b="x"))',
+    ),
+]
 
 
 @pytest.mark.parametrize("case", SYNTAX_ERRORS, ids=[c[0][:40] for c in SYNTAX_ERRORS])
@@ -568,30 +737,49 @@ def test_missing_comma_in_mesh():
 
 def test_syntax_error_in_the_first_statement():
     err = parse_error('tile "p" dim 0 b\nprogram "m:f"')
-    assert err.message == ("unexpected name 'b'; expected 'on' (tile is written: "
-                           'tile "PATH" dim N on AXIS)')  # fmt: skip
+    assert err.message == (
+        "unexpected name 'b'; expected 'on' (tile is written: tile \"PATH\" dim N on AXIS)"
+    )
     assert (err.line, err.column) == (1, 16)
 
 
 # ---------------------------------------------------------------- compile-time errors
 
 COMPILE_ERRORS = [
-    ('tile "params/embd" dim 0 on model', '"params/embd"',
-     "no input matches 'params/embd'; did you mean 'params/embed'?"),
-    ('tile "weights/**" dim 0 on model', '"weights/**"',
-     "no input matches 'weights/**' (inputs look like 'params/embed', "
-     "'params/layers/0/mlp/w_in', 'params/layers/0/mlp/w_out')"),
-    ('tile "params/**/scale" dim 1 on model', "1",
-     "dim 1 is out of range for 'params/layers/0/norm/scale' of shape (32,) (rank 1)"),
-    ('tile "params/embed" dim 0 on batch', "batch",
-     "mesh axis 'batch' (size 4) does not divide dim 0 of 'params/embed' (size 63, shape "
-     "(63, 32))"),
-    ('replicate "params/*/scale" on model', '"params/*/scale"',
-     "no input matches 'params/*/scale'; did you mean 'params/layers/1/norm/scale'?"),
-    ('axis batch { batch(inputs=["data/tokens", "data/x"]) }', "[",
-     "no input matches 'data/x' (inputs look like 'params/embed', "
-     "'params/layers/0/mlp/w_in', 'params/layers/0/mlp/w_out')"),
-]  # fmt: skip
+    (
+        'tile "params/embd" dim 0 on model',
+        '"params/embd"',
+        "no input matches 'params/embd'; did you mean 'params/embed'?",
+    ),
+    (
+        'tile "weights/**" dim 0 on model',
+        '"weights/**"',
+        "no input matches 'weights/**' (inputs look like 'params/embed', "
+        "'params/layers/0/mlp/w_in', 'params/layers/0/mlp/w_out')",
+    ),
+    (
+        'tile "params/**/scale" dim 1 on model',
+        "1",
+        "dim 1 is out of range for 'params/layers/0/norm/scale' of shape (32,) (rank 1)",
+    ),
+    (
+        'tile "params/embed" dim 0 on batch',
+        "batch",
+        "mesh axis 'batch' (size 4) does not divide dim 0 of 'params/embed' (size 63, shape "
+        "(63, 32))",
+    ),
+    (
+        'replicate "params/*/scale" on model',
+        '"params/*/scale"',
+        "no input matches 'params/*/scale'; did you mean 'params/layers/1/norm/scale'?",
+    ),
+    (
+        'axis batch { batch(inputs=["data/tokens", "data/x"]) }',
+        "[",
+        "no input matches 'data/x' (inputs look like 'params/embed', "
+        "'params/layers/0/mlp/w_in', 'params/layers/0/mlp/w_out')",
+    ),
+]
 
 
 @pytest.mark.parametrize("case", COMPILE_ERRORS, ids=[c[0][:40] for c in COMPILE_ERRORS])
@@ -603,14 +791,21 @@ def test_compile_errors(case):
     assert (err.line, err.column) == in_tail(tail, token), str(err)
 
 
-@pytest.mark.parametrize("tail, message", [
-    ('tile "params/embed" dim 0 on model\ntile "params/embed" dim 1 on model',
-     f"'params/embed' is already tiled on 'model' along dim 0 (line {TINY_LINES + 1}); a mesh "
-     "axis tiles one dim of an input"),
-    ('replicate "params/embed" on model\ntile "params/**" dim 1 on model',
-     f"'params/embed' is both tiled and replicated on 'model' (the replicate statement is at "
-     f"line {TINY_LINES + 1}); keep one of them"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "tail, message",
+    [
+        (
+            'tile "params/embed" dim 0 on model\ntile "params/embed" dim 1 on model',
+            f"'params/embed' is already tiled on 'model' along dim 0 (line {TINY_LINES + 1}); a mesh "
+            "axis tiles one dim of an input",
+        ),
+        (
+            'replicate "params/embed" on model\ntile "params/**" dim 1 on model',
+            f"'params/embed' is both tiled and replicated on 'model' (the replicate statement is at "
+            f"line {TINY_LINES + 1}); keep one of them",
+        ),
+    ],
+)
 def test_manual_statements_that_contradict_each_other(tail, message):
     err = load_error(TINY + tail)
     assert err.message == message
@@ -618,42 +813,81 @@ def test_manual_statements_that_contradict_each_other(tail, message):
 
 
 ENTRY_ERRORS = [
-    ('program "partir_no_such_module:f"', "partir_no_such_module",
-     "cannot import 'partir_no_such_module:f': ModuleNotFoundError: No module named "
-     "'partir_no_such_module'"),
-    ('program "broken_model.py:train_step"', "broken_model",
-     "cannot import 'broken_model.py:train_step': ModuleNotFoundError: No module named "
-     "'partir_no_such_dependency'"),
-    ('program "missing.py:f"', "missing",
-     f"cannot import 'missing.py:f': there is no file {os.path.join(GOALS, 'missing.py')}"),
-    ('program "tiny_model.py:train_stp"', "tiny_model",
-     "'tiny_model.py' has no attribute 'train_stp'; did you mean 'train_step'?"),
-    ('program "tiny_model.py:not_a_function"', "tiny_model",
-     "'tiny_model.py:not_a_function' is not callable: it is a int"),
-    ('program "partir.models.gpt:train_step.nope"', "partir.models.gpt",
-     "'partir.models.gpt:train_step' has no attribute 'nope'"),
-    ('program "os.path:join"', "os.path",
-     "'os.path:join' is a function of Python's standard library, which defines no model; "
-     "name a function of your own code (a goal file runs the functions it names, as a "
-     "Python script would)"),
-    ('inputs "tiny_model.py:jax.numpy.zeros"', "tiny_model",
-     "tiny_model.py:jax.numpy.zeros() raised TypeError: zeros() missing 1 required "
-     "positional argument: 'shape'"),
-    ('inputs "tiny_model.py:jax.tree_util.tree_map"', "tiny_model",
-     "tiny_model.py:jax.tree_util.tree_map() raised TypeError: tree_map() missing 2 "
-     "required positional arguments: 'f' and 'tree'"),
-    ('inputs "tiny_model.py:example_args"(layers=0)', "tiny_model",
-     "tiny_model.py:example_args(layers=0) raised ValueError: layers must be >= 1, got 0"),
-    ('inputs "tiny_model.py:example_args"(depth=3)', "tiny_model",
-     "tiny_model.py:example_args(depth=3) raised TypeError: example_args() got an unexpected "
-     "keyword argument 'depth'"),
-    ('inputs "tiny_model.py:returns_dict"', "tiny_model",
-     "tiny_model.py:returns_dict() returned a dict; it must return the program's arguments "
-     "as a tuple, like (params, opt_state, batch)"),
-    ('program "tiny_model.py:loss_fn"', "tiny_model",
-     "'tiny_model.py:loss_fn' cannot be called with the 3 arguments that "
-     "'tiny_model.py:example_args' returns: too many positional arguments"),
-]  # fmt: skip
+    (
+        'program "partir_no_such_module:f"',
+        "partir_no_such_module",
+        "cannot import 'partir_no_such_module:f': ModuleNotFoundError: No module named "
+        "'partir_no_such_module'",
+    ),
+    (
+        'program "broken_model.py:train_step"',
+        "broken_model",
+        "cannot import 'broken_model.py:train_step': ModuleNotFoundError: No module named "
+        "'partir_no_such_dependency'",
+    ),
+    (
+        'program "missing.py:f"',
+        "missing",
+        f"cannot import 'missing.py:f': there is no file {os.path.join(GOALS, 'missing.py')}",
+    ),
+    (
+        'program "tiny_model.py:train_stp"',
+        "tiny_model",
+        "'tiny_model.py' has no attribute 'train_stp'; did you mean 'train_step'?",
+    ),
+    (
+        'program "tiny_model.py:not_a_function"',
+        "tiny_model",
+        "'tiny_model.py:not_a_function' is not callable: it is a int",
+    ),
+    (
+        'program "partir.models.gpt:train_step.nope"',
+        "partir.models.gpt",
+        "'partir.models.gpt:train_step' has no attribute 'nope'",
+    ),
+    (
+        'program "os.path:join"',
+        "os.path",
+        "'os.path:join' is a function of Python's standard library, which defines no model; "
+        "name a function of your own code (a goal file runs the functions it names, as a "
+        "Python script would)",
+    ),
+    (
+        'inputs "tiny_model.py:jax.numpy.zeros"',
+        "tiny_model",
+        "tiny_model.py:jax.numpy.zeros() raised TypeError: zeros() missing 1 required "
+        "positional argument: 'shape'",
+    ),
+    (
+        'inputs "tiny_model.py:jax.tree_util.tree_map"',
+        "tiny_model",
+        "tiny_model.py:jax.tree_util.tree_map() raised TypeError: tree_map() missing 2 "
+        "required positional arguments: 'f' and 'tree'",
+    ),
+    (
+        'inputs "tiny_model.py:example_args"(layers=0)',
+        "tiny_model",
+        "tiny_model.py:example_args(layers=0) raised ValueError: layers must be >= 1, got 0",
+    ),
+    (
+        'inputs "tiny_model.py:example_args"(depth=3)',
+        "tiny_model",
+        "tiny_model.py:example_args(depth=3) raised TypeError: example_args() got an unexpected "
+        "keyword argument 'depth'",
+    ),
+    (
+        'inputs "tiny_model.py:returns_dict"',
+        "tiny_model",
+        "tiny_model.py:returns_dict() returned a dict; it must return the program's arguments "
+        "as a tuple, like (params, opt_state, batch)",
+    ),
+    (
+        'program "tiny_model.py:loss_fn"',
+        "tiny_model",
+        "'tiny_model.py:loss_fn' cannot be called with the 3 arguments that "
+        "'tiny_model.py:example_args' returns: too many positional arguments",
+    ),
+]
 
 
 @pytest.mark.parametrize("case", ENTRY_ERRORS, ids=[c[0][:40] for c in ENTRY_ERRORS])
@@ -710,13 +944,29 @@ def test_fuzz_garbage(text):
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.sampled_from(list('{}()[]=,<"#\n \tabmesh0123456789GiB/s.-_:*') + [
-            "program ", "inputs ", "mesh ", "axis ", "tile ", "dim ", "on ", "device ",
-            "memory ", "search ", "prune ", "objective ", "replicate ", '"m:f"', "batch",
-        ]),
+        st.sampled_from(
+            list('{}()[]=,<"#\n \tabmesh0123456789GiB/s.-_:*')
+            + [
+                "program ",
+                "inputs ",
+                "mesh ",
+                "axis ",
+                "tile ",
+                "dim ",
+                "on ",
+                "device ",
+                "memory ",
+                "search ",
+                "prune ",
+                "objective ",
+                "replicate ",
+                '"m:f"',
+                "batch",
+            ]
+        ),
         max_size=60,
     ).map("".join)
-)  # fmt: skip
+)
 def test_fuzz_token_soup(text):
     assert_parses_or_goal_error(text)
 
@@ -735,8 +985,13 @@ def mutated_example(draw):
             j = draw(st.integers(0, len(toks) - 1))
             a, b = sorted([toks[i], toks[j]], key=lambda m: m.start())
             if a.start() != b.start():
-                text = (text[: a.start()] + b.group() + text[a.end() : b.start()] + a.group()
-                        + text[b.end() :])  # fmt: skip
+                text = (
+                    text[: a.start()]
+                    + b.group()
+                    + text[a.end() : b.start()]
+                    + a.group()
+                    + text[b.end() :]
+                )
             continue
         i = draw(st.integers(0, len(text) - 1))
         if op == "delete":

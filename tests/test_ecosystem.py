@@ -80,20 +80,39 @@ def dropout_step(state, batch):
     updates, opt = state["tx"].update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     params = jax.tree.map(lambda p, g: p - state["lr"] * g, params, grads)
-    new = dict(state, params=params, rng=rng, opt=opt, step=state["step"] + 1,
-               count=state["count"] + jnp.uint32(1), epoch=state["epoch"] + 0)  # fmt: skip
+    new = dict(
+        state,
+        params=params,
+        rng=rng,
+        opt=opt,
+        step=state["step"] + 1,
+        count=state["count"] + jnp.uint32(1),
+        epoch=state["epoch"] + 0,
+    )
     return new, {"loss": value}
 
 
 def dropout_args(batch_size: int = 32):
     params = {"w": jnp.linspace(-1, 1, 16 * 8, dtype=jnp.float32).reshape(16, 8)}
     tx = optax.set_to_zero()
-    state = {"params": params, "rng": jax.random.key(0), "step": jnp.int32(0),
-             "count": jnp.uint32(7), "lr": 0.1, "epoch": 3, "ema": None,
-             "opt": tx.init(params), "empty": (), "tx": _Static(tx)}  # fmt: skip
+    state = {
+        "params": params,
+        "rng": jax.random.key(0),
+        "step": jnp.int32(0),
+        "count": jnp.uint32(7),
+        "lr": 0.1,
+        "epoch": 3,
+        "ema": None,
+        "opt": tx.init(params),
+        "empty": (),
+        "tx": _Static(tx),
+    }
     x = jnp.linspace(0, 1, batch_size * 16, dtype=jnp.float32).reshape(batch_size, 16)
-    batch = {"x": x, "y": jnp.zeros((batch_size, 8)),
-             "keys": jax.random.split(jax.random.key(1), batch_size)}  # fmt: skip
+    batch = {
+        "x": x,
+        "y": jnp.zeros((batch_size, 8)),
+        "keys": jax.random.split(jax.random.key(1), batch_size),
+    }
     return state, batch
 
 
@@ -114,9 +133,16 @@ def test_non_float_leaves_trace_cost_plan_and_run():
     goal = partir.Goal(dropout_step, args, {"batch": 8})
     prog = goal.program
     assert list(prog.inputs) == [
-        "state/count", "state/epoch", "state/lr", "state/params/w", "state/rng",
-        "state/step", "batch/keys", "batch/x", "batch/y",
-    ]  # fmt: skip
+        "state/count",
+        "state/epoch",
+        "state/lr",
+        "state/params/w",
+        "state/rng",
+        "state/step",
+        "batch/keys",
+        "batch/x",
+        "batch/y",
+    ]
     key = prog.values[prog.inputs["state/rng"]]
     assert jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.nbytes == 8
     assert prog.values[prog.inputs["batch/keys"]].nbytes == 32 * 8  # key<fry>: 2 x uint32
@@ -133,9 +159,13 @@ def test_non_float_leaves_trace_cost_plan_and_run():
 
 def test_non_float_leaves_in_a_searched_plan():
     args = dropout_args()
-    goal = partir.Goal(dropout_step, args, {"batch": 2, "model": 4},
-                       schedule=[st.batch("batch"), st.auto("model")],
-                       search=partir.Search(seed=0, episodes=20))  # fmt: skip
+    goal = partir.Goal(
+        dropout_step,
+        args,
+        {"batch": 2, "model": 4},
+        schedule=[st.batch("batch"), st.auto("model")],
+        search=partir.Search(seed=0, episodes=20),
+    )
     plan = partir.solve(goal, baselines=False)
     assert plan.specs["batch/x"][0] == "batch" and plan.specs["state/rng"] == P()
     run_and_compare(goal, plan, args)
@@ -197,14 +227,21 @@ def test_container_paths_are_readable_and_globs_match_them():
     goal = partir.Goal(keras_step, keras_args(), {"batch": 2, "model": 4})
     paths = list(goal.program.inputs)
     assert paths == [
-        "params/extra/0", "params/extra/1", "params/head/kernel", "params/head/bias",
-        "params/norm/scale", "params/transformer_layer_0/self_attention/query/kernel", "x",
-    ]  # fmt: skip
+        "params/extra/0",
+        "params/extra/1",
+        "params/head/kernel",
+        "params/head/bias",
+        "params/norm/scale",
+        "params/transformer_layer_0/self_attention/query/kernel",
+        "x",
+    ]
     assert set(goal.program.carried.values()) == set(paths) - {"x"}
     hits = resolve({"**/query/kernel": 1, "params/*/self_attention/*/kernel": 2}, paths)
     assert hits == {"params/transformer_layer_0/self_attention/query/kernel": 1}
-    plan = partir.plan(goal, {"x": P("batch"), "**/query/kernel": P(None, "model"),
-                              "params/head/kernel": P("model")})  # fmt: skip
+    plan = partir.plan(
+        goal,
+        {"x": P("batch"), "**/query/kernel": P(None, "model"), "params/head/kernel": P("model")},
+    )
     assert plan.out_specs["out/transformer_layer_0/self_attention/query/kernel"] == P(None, "model")
     run_and_compare(goal, plan, keras_args())
 
@@ -259,10 +296,23 @@ def many_primitives(x, w, i, key):
     low = jax.lax.reduce_precision(h, exponent_bits=5, mantissa_bits=10)
     le = (h <= 0.5).astype(jnp.float32)
     out = (
-        c.sum() + am.sum() + flip.sum() + pad.sum() + e.sum() + sel.sum() + clamp.sum()
-        + iota.sum() + srt.sum() + vals.sum() + idx.sum() + vals0.sum() + low.sum() + le.sum()
-        + stacked.sum() + cat.sum()
-    )  # fmt: skip
+        c.sum()
+        + am.sum()
+        + flip.sum()
+        + pad.sum()
+        + e.sum()
+        + sel.sum()
+        + clamp.sum()
+        + iota.sum()
+        + srt.sum()
+        + vals.sum()
+        + idx.sum()
+        + vals0.sum()
+        + low.sum()
+        + le.sum()
+        + stacked.sum()
+        + cat.sum()
+    )
     return out, raw, seeded, stacked
 
 
@@ -277,12 +327,41 @@ def test_every_primitive_has_a_rule_and_runs_sharded():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnknownPrimitiveWarning)
         rules = rules_by_primitive(goal)
-    for p in ("name", "copy", "random_bits", "random_wrap", "random_unwrap", "random_fold_in",
-              "random_seed", "bitcast_convert_type", "shift_right_logical", "stack",
-              "concatenate", "dynamic_slice", "dynamic_update_slice", "cumsum", "cumprod",
-              "cummax", "argmin", "argmax", "rev", "pad", "erfc", "erf_inv", "select_n",
-              "clamp", "iota", "sort", "top_k", "reduce_precision", "convert_element_type",
-              "le", "threefry2x32", "random_split", "random_clone"):  # fmt: skip
+    for p in (
+        "name",
+        "copy",
+        "random_bits",
+        "random_wrap",
+        "random_unwrap",
+        "random_fold_in",
+        "random_seed",
+        "bitcast_convert_type",
+        "shift_right_logical",
+        "stack",
+        "concatenate",
+        "dynamic_slice",
+        "dynamic_update_slice",
+        "cumsum",
+        "cumprod",
+        "cummax",
+        "argmin",
+        "argmax",
+        "rev",
+        "pad",
+        "erfc",
+        "erf_inv",
+        "select_n",
+        "clamp",
+        "iota",
+        "sort",
+        "top_k",
+        "reduce_precision",
+        "convert_element_type",
+        "le",
+        "threefry2x32",
+        "random_split",
+        "random_clone",
+    ):
         assert p in rules, p
     plan = partir.plan(goal, {"x": P("batch")})
     run_and_compare(goal, plan, many_args())
@@ -291,37 +370,69 @@ def test_every_primitive_has_a_rule_and_runs_sharded():
 @pytest.mark.parametrize(
     "fn, args, expected",
     [
-        (lambda x: jnp.stack([x, x], axis=1), [(4, 8)],
-         "stack ([i, j], [i, j])->([i, k, j]) {i=4, j=8, k=2} permutation={k}"),
-        (lambda x: jax.lax.top_k(x, 2, axis=0), [(4, 8)],
-         "top_k ([j, i])->([k, i], [l, i]) {i=8, j=4, k=2, l=2} need-replication={j, k, l}"),
-        (lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16), [(4, 8)],
-         "bitcast_convert_type ([i, j])->([i, j, k]) {i=4, j=8, k=2} need-replication={k}"),
-        (lambda x: jax.lax.bitcast_convert_type(x, jnp.float32), [(4, 8, 2, jnp.uint16)],
-         "bitcast_convert_type ([i, j, k])->([i, j]) {i=4, j=8, k=2} need-replication={k}"),
-        (lambda x: jax.lax.dynamic_slice_in_dim(x, 2, 4, axis=1), [(4, 8)],
-         "dynamic_slice ([i, j], _, _)->([i, k]) {i=4, j=8, k=4} permutation={j, k}"),
-        (lambda x, u: jax.lax.dynamic_update_slice_in_dim(x, u, 2, axis=1), [(4, 8), (4, 2)],
-         "dynamic_update_slice ([i, j], [i, k], _, _)->([i, l]) {i=4, j=8, k=2, l=8} "
-         "permutation={j, k, l}"),
-        (lambda x: jax.lax.cummax(x, 0), [(4, 8)],
-         "cummax ([i, j])->([i, j]) {i=4, j=8} need-replication={i}"),
-        (lambda x: jnp.argmin(x, 0), [(4, 8)],
-         "argmin ([j, i])->([i]) {i=8, j=4} need-replication={j}"),
-        (lambda x: jnp.flip(x, 1), [(4, 8)],
-         "rev ([i, j])->([i, k]) {i=4, j=8, k=8} permutation={j, k}"),
-        (lambda k: jax.random.split(k, 4), [(0, "key")],
-         "random_split ([])->([i]) {i=4}"),
-        (lambda k: jax.random.key_data(k), [(4, "key")],
-         "random_unwrap ([i])->([i, j]) {i=4, j=2} need-replication={j}"),
+        (
+            lambda x: jnp.stack([x, x], axis=1),
+            [(4, 8)],
+            "stack ([i, j], [i, j])->([i, k, j]) {i=4, j=8, k=2} permutation={k}",
+        ),
+        (
+            lambda x: jax.lax.top_k(x, 2, axis=0),
+            [(4, 8)],
+            "top_k ([j, i])->([k, i], [l, i]) {i=8, j=4, k=2, l=2} need-replication={j, k, l}",
+        ),
+        (
+            lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16),
+            [(4, 8)],
+            "bitcast_convert_type ([i, j])->([i, j, k]) {i=4, j=8, k=2} need-replication={k}",
+        ),
+        (
+            lambda x: jax.lax.bitcast_convert_type(x, jnp.float32),
+            [(4, 8, 2, jnp.uint16)],
+            "bitcast_convert_type ([i, j, k])->([i, j]) {i=4, j=8, k=2} need-replication={k}",
+        ),
+        (
+            lambda x: jax.lax.dynamic_slice_in_dim(x, 2, 4, axis=1),
+            [(4, 8)],
+            "dynamic_slice ([i, j], _, _)->([i, k]) {i=4, j=8, k=4} permutation={j, k}",
+        ),
+        (
+            lambda x, u: jax.lax.dynamic_update_slice_in_dim(x, u, 2, axis=1),
+            [(4, 8), (4, 2)],
+            "dynamic_update_slice ([i, j], [i, k], _, _)->([i, l]) {i=4, j=8, k=2, l=8} "
+            "permutation={j, k, l}",
+        ),
+        (
+            lambda x: jax.lax.cummax(x, 0),
+            [(4, 8)],
+            "cummax ([i, j])->([i, j]) {i=4, j=8} need-replication={i}",
+        ),
+        (
+            lambda x: jnp.argmin(x, 0),
+            [(4, 8)],
+            "argmin ([j, i])->([i]) {i=8, j=4} need-replication={j}",
+        ),
+        (
+            lambda x: jnp.flip(x, 1),
+            [(4, 8)],
+            "rev ([i, j])->([i, k]) {i=4, j=8, k=8} permutation={j, k}",
+        ),
+        (lambda k: jax.random.split(k, 4), [(0, "key")], "random_split ([])->([i]) {i=4}"),
+        (
+            lambda k: jax.random.key_data(k),
+            [(4, "key")],
+            "random_unwrap ([i])->([i, j]) {i=4, j=2} need-replication={j}",
+        ),
         (lambda x: x <= 0, [(4, 8)], "le ([i, j], _)->([i, j]) {i=4, j=8}"),
     ],
-)  # fmt: skip
+)
 def test_golden_rules_of_ecosystem_primitives(fn, args, expected):
     def sds(spec):
         if spec[-1] == "key":
-            return jax.eval_shape(lambda: jax.random.split(jax.random.key(0), spec[0] or 1)[
-                0 if spec[0] == 0 else slice(None)])  # fmt: skip
+            return jax.eval_shape(
+                lambda: jax.random.split(jax.random.key(0), spec[0] or 1)[
+                    0 if spec[0] == 0 else slice(None)
+                ]
+            )
         dtype = spec[-1] if not isinstance(spec[-1], int) else jnp.float32
         return jax.ShapeDtypeStruct(tuple(d for d in spec if isinstance(d, int)), dtype)
 
@@ -352,8 +463,10 @@ def constrained_step(params, x, spec=USER_SPEC, mesh=USER_MESH):
 
 def mlp_args():
     r = np.random.default_rng(1)
-    params = {"w1": jnp.asarray(r.normal(size=(16, 32)) * 0.1, jnp.float32),
-              "w2": jnp.asarray(r.normal(size=(32, 16)) * 0.1, jnp.float32)}  # fmt: skip
+    params = {
+        "w1": jnp.asarray(r.normal(size=(16, 32)) * 0.1, jnp.float32),
+        "w2": jnp.asarray(r.normal(size=(32, 16)) * 0.1, jnp.float32),
+    }
     return params, jnp.asarray(r.normal(size=(8, 16)), jnp.float32)
 
 
@@ -402,8 +515,9 @@ def test_user_constraint_that_does_not_divide_is_dropped_with_a_warning():
 
 
 def test_user_constraints_can_be_ignored():
-    goal = partir.Goal(constrained_step, mlp_args(), {"batch": 2, "model": 4},
-                       honour_constraints=False)  # fmt: skip
+    goal = partir.Goal(
+        constrained_step, mlp_args(), {"batch": 2, "model": 4}, honour_constraints=False
+    )
     plan = partir.plan(goal, {"x": P("batch")})
     assert plan.value_sharding(constrained_value(goal)) == (("batch",), ())
     run_and_compare(goal, plan, mlp_args())
@@ -471,19 +585,26 @@ def scanned_step(params, x):
 
 def scanned_args():
     r = np.random.default_rng(2)
-    params = {"w_in": jnp.asarray(r.normal(size=(16, 3, 32)) * 0.1, jnp.float32),
-              "w_out": jnp.asarray(r.normal(size=(32, 16, 3)) * 0.1, jnp.float32)}  # fmt: skip
+    params = {
+        "w_in": jnp.asarray(r.normal(size=(16, 3, 32)) * 0.1, jnp.float32),
+        "w_out": jnp.asarray(r.normal(size=(32, 16, 3)) * 0.1, jnp.float32),
+    }
     return params, jnp.asarray(r.normal(size=(8, 16)), jnp.float32)
 
 
 def test_layer_stack_scanned_along_a_middle_dim():
-    goal = partir.Goal(scanned_step, scanned_args(), {"batch": 2, "model": 4},
-                       schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(seed=0, episodes=30))  # fmt: skip
+    goal = partir.Goal(
+        scanned_step,
+        scanned_args(),
+        {"batch": 2, "model": 4},
+        schedule=[st.batch("batch"), st.megatron("model")],
+        search=partir.Search(seed=0, episodes=30),
+    )
     groups = {g.name: g for g in find_groups(goal.program)}
     assert groups["w_in"].shape == (16, 3, 32) and len(groups["w_in"].params) == 1
-    plan = partir.plan(goal, {"x": P("batch"), "params/w_in": P(None, None, "model"),
-                              "params/w_out": P("model")})  # fmt: skip
+    plan = partir.plan(
+        goal, {"x": P("batch"), "params/w_in": P(None, None, "model"), "params/w_out": P("model")}
+    )
     assert plan.cost.collectives  # the Megatron pair all-reduces inside the loop
     run_and_compare(goal, plan, scanned_args())
     searched = partir.solve(goal, baselines=False)

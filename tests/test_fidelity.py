@@ -36,8 +36,9 @@ def mlp_step(params, opt_state, batch):
 
 
 def mlp_args(width=64, layers=4, batch=256):
-    params = {"layers": [{"w": S((width, width), f32), "b": S((width,), f32)}
-                         for _ in range(layers)]}  # fmt: skip
+    params = {
+        "layers": [{"w": S((width, width), f32), "b": S((width,), f32)} for _ in range(layers)]
+    }
     x = S((batch, width), f32)
     return params, jax.eval_shape(TX.init, params), {"x": x, "y": x}
 
@@ -45,11 +46,19 @@ def mlp_args(width=64, layers=4, batch=256):
 MESH_1D = {"batch": 8}
 MESH_2D = {"batch": 2, "model": 4}
 CASES = [
-    ("mlp", MESH_1D, "BP"), ("mlp", MESH_1D, "Z1"), ("mlp", MESH_1D, "Z3"),
-    ("mlp", MESH_2D, "MP"), ("mlp", MESH_2D, "BP+MP"), ("mlp", MESH_2D, "BP+MP+Z3"),
-    ("gpt", MESH_1D, "BP"), ("gpt", MESH_1D, "Z1"), ("gpt", MESH_1D, "Z3"),
-    ("gpt", MESH_2D, "MP"), ("gpt", MESH_2D, "BP+MP"), ("gpt", MESH_2D, "BP+EMB"),
-]  # fmt: skip
+    ("mlp", MESH_1D, "BP"),
+    ("mlp", MESH_1D, "Z1"),
+    ("mlp", MESH_1D, "Z3"),
+    ("mlp", MESH_2D, "MP"),
+    ("mlp", MESH_2D, "BP+MP"),
+    ("mlp", MESH_2D, "BP+MP+Z3"),
+    ("gpt", MESH_1D, "BP"),
+    ("gpt", MESH_1D, "Z1"),
+    ("gpt", MESH_1D, "Z3"),
+    ("gpt", MESH_2D, "MP"),
+    ("gpt", MESH_2D, "BP+MP"),
+    ("gpt", MESH_2D, "BP+EMB"),
+]
 
 
 def goal_for(model: str, mesh: dict) -> Goal:
@@ -83,8 +92,11 @@ def test_combined_plan_total_bytes_match_xla():
 def test_data_parallel_closed_form_is_one_all_reduce_of_the_gradients():
     goal = goal_for("gpt", MESH_1D)
     cost = make_plan(goal, expert_schedules(goal)["BP"]()).cost
-    param_bytes = sum(goal.program.values[v].nbytes for p, v in goal.program.inputs.items()
-                      if p.startswith("params/"))  # fmt: skip
+    param_bytes = sum(
+        goal.program.values[v].nbytes
+        for p, v in goal.program.inputs.items()
+        if p.startswith("params/")
+    )
     by_kind = cost.bytes_by_kind()
     assert by_kind["all-reduce"] == param_bytes + 4  # every gradient, and the loss
     assert sum(by_kind.values()) == by_kind["all-reduce"]
@@ -93,8 +105,11 @@ def test_data_parallel_closed_form_is_one_all_reduce_of_the_gradients():
 def test_zero3_closed_form_gathers_params_and_scatters_gradients():
     goal = goal_for("mlp", MESH_1D)
     cost = make_plan(goal, expert_schedules(goal)["Z3"]()).cost
-    w_bytes = sum(goal.program.values[v].nbytes for p, v in goal.program.inputs.items()
-                  if p.startswith("params/") and p.endswith("/w"))  # fmt: skip
+    w_bytes = sum(
+        goal.program.values[v].nbytes
+        for p, v in goal.program.inputs.items()
+        if p.startswith("params/") and p.endswith("/w")
+    )
     by_kind = cost.bytes_by_kind()
     # each weight is gathered once (forward; XLA reuses it in backward) and its gradient
     # reduce-scattered; the biases (64 elements) are gathered after the update
@@ -197,8 +212,9 @@ def test_a_reduction_over_dims_on_different_axes_is_one_all_reduce_per_dim(mesh,
     plan = make_plan(goal, {"x": P(*spec)})
     report = verify(goal, plan)
     assert report.ok, report
-    assert [c.axes for c in plan.cost.collectives] == [s if isinstance(s, tuple) else (s,)
-                                                       for s in spec]  # fmt: skip
+    assert [c.axes for c in plan.cost.collectives] == [
+        s if isinstance(s, tuple) else (s,) for s in spec
+    ]
 
 
 def test_an_axis_of_size_1_never_costs_a_collective():
@@ -209,11 +225,18 @@ def test_an_axis_of_size_1_never_costs_a_collective():
     from partir.testing.strategies.programs import Forward
 
     steps = ("dense", 16), ("merge", 0), ("broadcast", 2), ("merge", 0), ("bias", 0), ("dense", 16)
-    fn = Forward(Recipe("seq", 16, 4, seq=2, steps=tuple(Step(*s) for s in steps),
-                        outputs=("y", "sum", "max")))  # fmt: skip
+    fn = Forward(
+        Recipe(
+            "seq", 16, 4, seq=2, steps=tuple(Step(*s) for s in steps), outputs=("y", "sum", "max")
+        )
+    )
     goal = Goal(fn, fn.example_args(), {"expert": 4, "data": 1, "x": 1})
-    spec = {"params/l0/w": P("x", None), "params/l4/b": P("expert"),
-            "params/l5/w": P(("x", "expert")), "data/x": P("x", None, "data")}  # fmt: skip
+    spec = {
+        "params/l0/w": P("x", None),
+        "params/l4/b": P("expert"),
+        "params/l5/w": P(("x", "expert")),
+        "data/x": P("x", None, "data"),
+    }
     plan = make_plan(goal, spec)
     report = verify(goal, plan)
     assert report.ok, report

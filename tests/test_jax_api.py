@@ -17,8 +17,9 @@ from partir.models import mlp
 def mlp_goal(mesh=None, **kw) -> partir.Goal:
     mesh = mesh if mesh is not None else {"batch": 2, "model": 4}
     schedule = [st.batch("batch"), st.megatron("model")]
-    return partir.Goal(mlp.train_step, mlp.example_args(abstract=False), mesh=mesh,
-                       schedule=schedule, **kw)  # fmt: skip
+    return partir.Goal(
+        mlp.train_step, mlp.example_args(abstract=False), mesh=mesh, schedule=schedule, **kw
+    )
 
 
 def assert_close(a, b) -> None:
@@ -74,8 +75,10 @@ def test_paths_with_glob_characters_need_no_escaping_in_a_pytree():
     def step(params, x):
         return x @ params["w*"] + x @ params["[w]"] + x @ params["ww"]
 
-    args = ({"w*": jnp.ones((8, 8)), "[w]": jnp.ones((8, 8)), "ww": jnp.ones((8, 8))},
-            jnp.ones((4, 8)))  # fmt: skip
+    args = (
+        {"w*": jnp.ones((8, 8)), "[w]": jnp.ones((8, 8)), "ww": jnp.ones((8, 8))},
+        jnp.ones((4, 8)),
+    )
     goal = partir.Goal(step, args, mesh={"m": 8})
     plan = partir.plan(goal, ({"w*": P(None, "m"), "[w]": None, "ww": P("m")}, None))
     assert plan.specs["params/w*"] == P(None, "m")

@@ -233,15 +233,17 @@ ZERO3_GAPS = {("mlp", "2d", "FSDP"), ("mlp", "2d", "BP+MP+Z3")}
     "model, name",
     [
         pytest.param(
-            "mlp", name,
+            "mlp",
+            name,
             marks=[pytest.mark.xfail(strict=True, reason="the plan's ZeRO-3 strategy")]
-            if ("mlp", "2d", name) in ZERO3_GAPS else [],
+            if ("mlp", "2d", name) in ZERO3_GAPS
+            else [],
             id=f"mlp-{name}",
         )
         for name in ("BP", "MP", "BP+MP", "FSDP", "BP+MP+Z3")
     ]
     + [pytest.param("gpt", "BP+MP", id="gpt-BP+MP", marks=pytest.mark.slow)],
-)  # fmt: skip
+)
 def test_plan_jit_memory_is_no_worse_than_xla_alone(model, name):
     m = MODELS[model]
     args = m.example_args(preset="tiny")

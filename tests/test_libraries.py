@@ -52,8 +52,14 @@ def shapes(args):
 def goal_for(fn, args, schedule=None, episodes=20):
     """A goal over the args' shapes (nothing allocated), batch then Megatron."""
     schedule = schedule if schedule is not None else [st.batch("batch"), st.megatron("model")]
-    return partir.Goal(fn, shapes(args), MESH, device="tpu-v4", schedule=schedule,
-                       search=partir.Search(seed=0, episodes=episodes))  # fmt: skip
+    return partir.Goal(
+        fn,
+        shapes(args),
+        MESH,
+        device="tpu-v4",
+        schedule=schedule,
+        search=partir.Search(seed=0, episodes=episodes),
+    )
 
 
 def norm(spec) -> tuple:
@@ -86,8 +92,10 @@ def assert_rules_give_back(plan):
     trees = [namespace["tree_specs"](a, n) for a, n in zip(goal.args, names)]
     flat = jax.tree_util.tree_leaves(trees, is_leaf=lambda x: isinstance(x, P))
     assert {p: norm(s) for p, s in zip(goal.program.inputs, flat)} == want
-    from_json = [(p, P(*[tuple(e) if isinstance(e, list) else e for e in s]))
-                 for p, s in json.loads(plan.rules_source("rules.json"))]  # fmt: skip
+    from_json = [
+        (p, P(*[tuple(e) if isinstance(e, list) else e for e in s]))
+        for p, s in json.loads(plan.rules_source("rules.json"))
+    ]
     assert from_json == rules
     return rules
 
@@ -171,9 +179,16 @@ def test_nnx_rules_fold_layers_and_moments_and_narrow_where_they_disagree():
     check_on_initialised_state(goal, plan, args)
 
     # layer 0 only, and ZeRO-1 on the moments of the head: narrower rules, still exact
-    mixed = partir.plan(goal, [{"batch/*": P("batch")},
-                               {"**/blocks/0/mlp_in/kernel": P(None, "model"),
-                                "optimizer/**/mu/head/kernel": P("model")}])  # fmt: skip
+    mixed = partir.plan(
+        goal,
+        [
+            {"batch/*": P("batch")},
+            {
+                "**/blocks/0/mlp_in/kernel": P(None, "model"),
+                "optimizer/**/mu/head/kernel": P("model"),
+            },
+        ],
+    )
     rules = assert_rules_give_back(mixed)
     assert ("**/blocks/0/mlp_in/kernel", P(None, "model")) in rules
     assert ("optimizer/opt_state/*/mu/head/kernel", P("model", None)) in rules
@@ -278,13 +293,15 @@ def test_cli_solve_writes_rules_as_python_and_json(tmp_path, capsys):
         "    return _args\n"
     )
     goal_file = tmp_path / "haiku.partir"
-    goal_file.write_text('program "haiku_prog.py:train_step"\n'
-                         'inputs  "haiku_prog.py:example_args"()\n'
-                         "mesh    batch=2, model=4\n"
-                         'device  "tpu-v4"\n'
-                         "axis batch { batch }\n"
-                         "axis model { megatron }\n"
-                         "search mcts(episodes=10, seed=0)\n")  # fmt: skip
+    goal_file.write_text(
+        'program "haiku_prog.py:train_step"\n'
+        'inputs  "haiku_prog.py:example_args"()\n'
+        "mesh    batch=2, model=4\n"
+        'device  "tpu-v4"\n'
+        "axis batch { batch }\n"
+        "axis model { megatron }\n"
+        "search mcts(episodes=10, seed=0)\n"
+    )
     py, js = tmp_path / "rules.py", tmp_path / "rules.json"
     assert main(["solve", str(goal_file), "--json", "--rules", str(py)]) == 0
     specs = json.loads(capsys.readouterr().out)["specs"]
@@ -303,15 +320,21 @@ def test_cli_solve_writes_rules_as_python_and_json(tmp_path, capsys):
 
 # -- every recipe end to end, as a user runs it --------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["flax_nnx", "haiku_mlp", "jraph_gnn", "keras_mlp",
-                                  "penzai_mlp", "linen_logical"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["flax_nnx", "haiku_mlp", "jraph_gnn", "keras_mlp", "penzai_mlp", "linen_logical"]
+)
 def test_example_script_runs(name):
     needs = {"keras_mlp": "keras", "penzai_mlp": "penzai"}  # looked up, not imported: keras
     if name in needs and importlib.util.find_spec(needs[name]) is None:  # picks its backend
         pytest.skip(f"{needs[name]} is not installed (not in the test extra)")  # at import
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py")], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RULES" in done.stdout or "logical_axis_rules" in done.stdout
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("loss sharded")]
@@ -332,8 +355,9 @@ def test_library_bench_measures_both_plans_with_xla():
     spec.loader.exec_module(bench)
     import library_steps  # on sys.path once the bench is loaded
 
-    case = bench.Case("jraph-gns", "jraph",
-                      lambda: library_steps.jraph_gns_step(nodes=16, edges=32))  # fmt: skip
+    case = bench.Case(
+        "jraph-gns", "jraph", lambda: library_steps.jraph_gns_step(nodes=16, edges=32)
+    )
     row = bench.run_case(case, seconds=1.0, log=lambda _: None)
     assert row.mesh == "d8" and row.error is None
     assert row.library.by_kind.get("all-reduce", 0) > 0

@@ -136,8 +136,12 @@ def test_causal_attention_ignores_the_future():
     block = jax.jit(llama.block)  # the Config is a static pytree node
     out = block(params["layers"][0], x, batch["config"])
     later = x.at[:, -1].set(0.0)
-    np.testing.assert_allclose(block(params["layers"][0], later, batch["config"])[:, :-1],
-                               out[:, :-1], rtol=1e-5, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        block(params["layers"][0], later, batch["config"])[:, :-1],
+        out[:, :-1],
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize(("preset", "low", "high"), [("8b", 7.9e9, 8.1e9), ("70b", 68e9, 70e9)])

@@ -30,10 +30,15 @@ def test_factorizations_are_every_ordered_product(n, k, count):
 
 
 def open_goal(**kw):
-    return partir.Goal(mlp.train_step, mlp.example_args(abstract=False),
-                       mesh={"batch": None, "model": None}, devices=8,
-                       schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(episodes=20, seed=0), **kw)  # fmt: skip
+    return partir.Goal(
+        mlp.train_step,
+        mlp.example_args(abstract=False),
+        mesh={"batch": None, "model": None},
+        devices=8,
+        schedule=[st.batch("batch"), st.megatron("model")],
+        search=partir.Search(episodes=20, seed=0),
+        **kw,
+    )
 
 
 def test_open_axes_are_solved_on_every_shape_and_the_best_is_returned():
@@ -48,8 +53,9 @@ def test_open_axes_are_solved_on_every_shape_and_the_best_is_returned():
     assert chosen[0]["step_time_s"] == min(r["step_time_s"] for r in searched)
     assert plan.cost.step_time_s == chosen[0]["step_time_s"]
     # the numbers are what a plain solve on that mesh gives
-    fixed = partir.Goal(goal.fn, goal.args, mesh=plan.mesh, schedule=goal.schedule,
-                        search=goal.search)  # fmt: skip
+    fixed = partir.Goal(
+        goal.fn, goal.args, mesh=plan.mesh, schedule=goal.schedule, search=goal.search
+    )
     assert partir.solve(fixed, baselines=False).cost == plan.cost
     assert plan.baselines  # expert plans costed for the chosen shape
     out = plan.jit()(*goal.args)
@@ -59,9 +65,14 @@ def test_open_axes_are_solved_on_every_shape_and_the_best_is_returned():
 
 
 def test_a_fixed_axis_stays_and_the_open_ones_share_the_rest():
-    goal = partir.Goal(mlp.train_step, mlp.example_args(), mesh={"batch": 2, "model": None},
-                       devices=8, schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(episodes=4))  # fmt: skip
+    goal = partir.Goal(
+        mlp.train_step,
+        mlp.example_args(),
+        mesh={"batch": 2, "model": None},
+        devices=8,
+        schedule=[st.batch("batch"), st.megatron("model")],
+        search=partir.Search(episodes=4),
+    )
     plan = partir.solve(goal)
     assert plan.mesh == {"batch": 2, "model": 4}
     assert {tuple(r["mesh"].values()) for r in plan.search["meshes"]} == {(2, 4)}
@@ -69,9 +80,14 @@ def test_a_fixed_axis_stays_and_the_open_ones_share_the_rest():
 
 def test_shapes_the_schedule_cannot_use_are_reported_with_their_reason():
     # tiny batch is 8: batch=8 x model=1 works, but with 16 devices batch=16 divides nothing
-    goal = partir.Goal(mlp.train_step, mlp.example_args(), mesh={"batch": None, "model": None},
-                       devices=16, schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(episodes=4))  # fmt: skip
+    goal = partir.Goal(
+        mlp.train_step,
+        mlp.example_args(),
+        mesh={"batch": None, "model": None},
+        devices=16,
+        schedule=[st.batch("batch"), st.megatron("model")],
+        search=partir.Search(episodes=4),
+    )
     plan = partir.solve(goal)
     bad = [r for r in plan.search["meshes"] if "error" in r]
     assert [r["mesh"] for r in bad] == [{"batch": 16, "model": 1}]
@@ -150,8 +166,15 @@ def test_64_chips_gpt_data_fsdp_tensor_no_worse_than_meshes_chosen_by_hand():
     schedule = [st.batch("data"), st.fsdp("fsdp"), st.megatron("tensor")]
     common = dict(device="tpu-v4", memory_limit="32GiB", schedule=schedule)
     t = time.perf_counter()
-    plan = partir.solve(partir.Goal(gpt.train_step, args, devices=64, **common,
-                                    mesh={"data": None, "fsdp": None, "tensor": None}))  # fmt: skip
+    plan = partir.solve(
+        partir.Goal(
+            gpt.train_step,
+            args,
+            devices=64,
+            **common,
+            mesh={"data": None, "fsdp": None, "tensor": None},
+        )
+    )
     seconds = time.perf_counter() - t
     assert plan.cost.fits and seconds < 120  # about 30 s on 2 busy cores
     for data, fsdp, tensor in [(8, 1, 8), (4, 4, 4), (2, 8, 4), (8, 4, 2)]:
@@ -164,9 +187,14 @@ def test_64_chips_gpt_data_fsdp_tensor_no_worse_than_meshes_chosen_by_hand():
 
 def test_a_deep_model_is_screened_on_its_shallow_copies():
     args = mlp.example_args(preset="tiny", layers=6, d_in=64, d_out=64)  # a stack of 6
-    goal = partir.Goal(mlp.train_step, args, mesh={"batch": None, "model": None}, devices=8,
-                       schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(episodes=24, seed=0))  # fmt: skip
+    goal = partir.Goal(
+        mlp.train_step,
+        args,
+        mesh={"batch": None, "model": None},
+        devices=8,
+        schedule=[st.batch("batch"), st.megatron("model")],
+        search=partir.Search(episodes=24, seed=0),
+    )
     plan = partir.solve(goal)
     screened = [r for r in plan.search["meshes"] if r["round"] == "screened"]
     assert len(screened) == 4

@@ -26,16 +26,28 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_plan_jit_on_two_processes_equals_one_process(tmp_path):
     out, port = tmp_path / "out.npz", str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), port, str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(i), port, str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
     got = np.load(out)
     args = mlp.example_args(abstract=False)
     goal = partir.Goal(mlp.train_step, args, mesh={"batch": 2, "model": 4})
-    plan = partir.plan(goal, {"batch/*": P("batch"), "**/layers/0/w": P(None, "model"),
-                              "**/layers/1/w": P("model", None)})  # fmt: skip
+    plan = partir.plan(
+        goal,
+        {
+            "batch/*": P("batch"),
+            "**/layers/0/w": P(None, "model"),
+            "**/layers/1/w": P("model", None),
+        },
+    )
     want = jax.tree.leaves(plan.jit()(*args))
     assert len(got.files) == len(want)
     for k, w in enumerate(want):

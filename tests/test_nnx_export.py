@@ -20,9 +20,14 @@ from partir import strategies as st
 from partir.solver.plan import partition_rules
 
 MESH = {"batch": 2, "model": 4}
-MEGATRON = [{"batch/*": P("batch")},
-            {"**/up/kernel/value": P(None, "model"), "**/up/bias/value": P("model"),
-             "**/down/kernel/value": P("model", None)}]  # fmt: skip
+MEGATRON = [
+    {"batch/*": P("batch")},
+    {
+        "**/up/kernel/value": P(None, "model"),
+        "**/up/bias/value": P("model"),
+        "**/down/kernel/value": P("model", None),
+    },
+]
 
 
 class MLP(nnx.Module):
@@ -60,8 +65,9 @@ def mlp_step():
 
 
 def goal_for(fn, args):
-    return partir.Goal(fn, args, MESH, device="tpu-v4",
-                       schedule=[st.batch("batch"), st.megatron("model")])  # fmt: skip
+    return partir.Goal(
+        fn, args, MESH, device="tpu-v4", schedule=[st.batch("batch"), st.megatron("model")]
+    )
 
 
 def norm(spec) -> tuple:
@@ -89,19 +95,27 @@ def test_nnx_sharding_gives_nnx_the_plans_specs_and_jit_with_them_matches_unshar
     model_state = plan.nnx_sharding(model)  # a Module: its nnx.state, annotated
     opt_state = plan.nnx_sharding(nnx.state(optimizer), 1)
     assert model_state["up"]["kernel"].get_metadata("out_sharding") == (None, "model")
-    assert opt_state["opt_state"][0]["nu"]["down"]["kernel"].get_metadata(
-        "out_sharding") == ("model", None)  # fmt: skip
+    assert opt_state["opt_state"][0]["nu"]["down"]["kernel"].get_metadata("out_sharding") == (
+        "model",
+        None,
+    )
     assert flat_specs(nnx.get_partition_spec(model_state)) == planned(plan, "model")
     assert flat_specs(nnx.get_partition_spec(opt_state)) == planned(plan, "optimizer")
     assert any(planned(plan, "model"))  # something is tiled
-    specs = (nnx.get_partition_spec(model_state), nnx.get_partition_spec(opt_state),
-             {"x": P("batch"), "y": P("batch")})  # fmt: skip
+    specs = (
+        nnx.get_partition_spec(model_state),
+        nnx.get_partition_spec(opt_state),
+        {"x": P("batch"), "y": P("batch")},
+    )
     assert partir.plan(goal, specs).specs == plan.specs  # NNX's specs read back as jit's
 
     mesh = jax.make_mesh((2, 4), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
     batch_sharding = {k: NamedSharding(mesh, plan.specs[f"batch/{k}"]) for k in args[2]}
-    in_shardings = (nnx.get_named_sharding(model_state, mesh),
-                    nnx.get_named_sharding(opt_state, mesh), batch_sharding)  # fmt: skip
+    in_shardings = (
+        nnx.get_named_sharding(model_state, mesh),
+        nnx.get_named_sharding(opt_state, mesh),
+        batch_sharding,
+    )
     sharded_args = jax.device_put((model_state, opt_state, args[2]), in_shardings)
     assert sharded_args[0]["up"]["kernel"].get_value().sharding.spec == P(None, "model")
     got = jax.jit(fn, in_shardings=in_shardings)(*sharded_args)
@@ -137,11 +151,14 @@ def test_model_and_moments_in_one_argument_share_rules_and_annotations():
     plan = partir.plan(goal, MEGATRON)
     assert plan.specs["state/optimizer/opt_state/0/mu/up/kernel/value"] == P(None, "model")
     rules = plan.to_rules()
-    assert rules == [("**/down/kernel/value", P("model", None)),
-                     ("**/up/bias/value", P("model")),
-                     ("**/up/kernel/value", P(None, "model")),
-                     ("batch/x", P("batch", None)), ("batch/y", P("batch", None)),
-                     ("**", P())]  # fmt: skip
+    assert rules == [
+        ("**/down/kernel/value", P("model", None)),
+        ("**/up/bias/value", P("model")),
+        ("**/up/kernel/value", P(None, "model")),
+        ("batch/x", P("batch", None)),
+        ("batch/y", P("batch", None)),
+        ("**", P()),
+    ]
     annotated = plan.nnx_sharding(state)
     assert flat_specs(nnx.get_partition_spec(annotated)) == planned(plan, "state")
 
@@ -173,10 +190,16 @@ class NamedMLP(nnx.Module):
 
     def __init__(self, rngs: nnx.Rngs) -> None:
         init, zeros = nnx.initializers.lecun_normal(), nnx.initializers.zeros
-        self.up = nnx.Linear(32, 128, kernel_init=nnx.with_partitioning(init, ("embed", "mlp")),
-                             bias_init=nnx.with_partitioning(zeros, ("mlp",)), rngs=rngs)  # fmt: skip
-        self.down = nnx.Linear(128, 32, kernel_init=nnx.with_partitioning(init, ("mlp", "embed")),
-                               rngs=rngs)  # fmt: skip
+        self.up = nnx.Linear(
+            32,
+            128,
+            kernel_init=nnx.with_partitioning(init, ("embed", "mlp")),
+            bias_init=nnx.with_partitioning(zeros, ("mlp",)),
+            rngs=rngs,
+        )
+        self.down = nnx.Linear(
+            128, 32, kernel_init=nnx.with_partitioning(init, ("mlp", "embed")), rngs=rngs
+        )
 
     def __call__(self, x):
         return self.down(jax.nn.gelu(self.up(x)))
@@ -197,8 +220,11 @@ def test_nnx_logical_names_read_back_as_logical_axis_rules():
 
     goal = goal_for(train_step, (model_state, opt_state, batch_data()))
     plan = partir.plan(goal, MEGATRON)
-    logical = (nnx.get_partition_spec(model_state), nnx.get_partition_spec(opt_state),
-               {"x": P("activation_batch"), "y": P("activation_batch")})  # fmt: skip
+    logical = (
+        nnx.get_partition_spec(model_state),
+        nnx.get_partition_spec(opt_state),
+        {"x": P("activation_batch"), "y": P("activation_batch")},
+    )
     rules = plan.logical_axis_rules(logical)  # the moments carry their parameter's names
     assert rules == [("mlp", "model"), ("embed", None), ("activation_batch", "batch")]
     with nnx.logical_axis_rules(rules):
@@ -208,11 +234,21 @@ def test_nnx_logical_names_read_back_as_logical_axis_rules():
 
 def test_one_argument_folds_copies_of_a_tree_but_not_sibling_modules():
     tiled, whole = ((), ("model",)), ((), ())
-    state = {"state/params/dense/w": tiled, "state/params/dense/b": whole,
-             "state/params/head/w": whole, "state/params/head/b": whole,
-             "state/opt_state/0/mu/dense/w": tiled, "state/opt_state/0/mu/dense/b": whole,
-             "state/opt_state/0/mu/head/w": whole, "state/opt_state/0/mu/head/b": whole}  # fmt: skip
+    state = {
+        "state/params/dense/w": tiled,
+        "state/params/dense/b": whole,
+        "state/params/head/w": whole,
+        "state/params/head/b": whole,
+        "state/opt_state/0/mu/dense/w": tiled,
+        "state/opt_state/0/mu/dense/b": whole,
+        "state/opt_state/0/mu/head/w": whole,
+        "state/opt_state/0/mu/head/b": whole,
+    }
     assert partition_rules(state) == [("**/dense/w", tiled), ("**", ())]
-    layers = {"params/linear_0/w": tiled, "params/linear_0/b": whole,
-              "params/linear_1/w": whole, "params/linear_1/b": whole}  # fmt: skip
+    layers = {
+        "params/linear_0/w": tiled,
+        "params/linear_0/b": whole,
+        "params/linear_1/w": whole,
+        "params/linear_1/b": whole,
+    }
     assert partition_rules(layers) == [("params/linear_0/w", tiled), ("**", ())]

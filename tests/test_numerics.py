@@ -11,8 +11,18 @@ from jax.sharding import PartitionSpec as P
 import partir
 from partir.testing import check_numerics, max_relative_error
 
-DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2,
-          jnp.complex64, jnp.int8, jnp.int32, jnp.uint8, jnp.bool_]  # fmt: skip
+DTYPES = [
+    jnp.float32,
+    jnp.float16,
+    jnp.bfloat16,
+    jnp.float8_e4m3fn,
+    jnp.float8_e5m2,
+    jnp.complex64,
+    jnp.int8,
+    jnp.int32,
+    jnp.uint8,
+    jnp.bool_,
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
@@ -35,8 +45,9 @@ def test_complex_integers_and_keys_are_measured_exactly():
     key = jax.random.key(0)
     assert max_relative_error(key, key) == 0.0
     assert max_relative_error(key, jax.random.key(1)) > 0
-    assert max_relative_error(jnp.array([np.nan], jnp.bfloat16),
-                              jnp.array([1.0], jnp.bfloat16)) == float("inf")  # fmt: skip
+    assert max_relative_error(
+        jnp.array([np.nan], jnp.bfloat16), jnp.array([1.0], jnp.bfloat16)
+    ) == float("inf")
     assert max_relative_error(jnp.ones((2, 2)), jnp.ones(4)) == float("inf")
 
 
@@ -45,8 +56,9 @@ def _bf16_step(x):
 
 
 def test_check_numerics_measures_bfloat16_and_integer_outputs():
-    goal = partir.Goal(_bf16_step, (jax.ShapeDtypeStruct((8, 4), jnp.float32),),
-                       mesh={"batch": 2}, device="cpu")  # fmt: skip
+    goal = partir.Goal(
+        _bf16_step, (jax.ShapeDtypeStruct((8, 4), jnp.float32),), mesh={"batch": 2}, device="cpu"
+    )
     plan = partir.plan(goal, {"x": P("batch")})
     x = jnp.asarray(np.random.default_rng(0).uniform(0, 0.1, (8, 4)), jnp.float32)
     assert check_numerics(goal, plan, (x,)) == 0.0

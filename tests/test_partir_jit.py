@@ -48,8 +48,9 @@ def test_first_call_plans_later_calls_reuse_it_new_shapes_plan_again():
 
 
 def test_donated_arguments_are_consumed_as_under_jax_jit():
-    f = partir.jit(step, mesh=MESH, schedule=SCHEDULE, search=FAST, static_argnums=(2,),
-                   donate_argnums=(0,))  # fmt: skip
+    f = partir.jit(
+        step, mesh=MESH, schedule=SCHEDULE, search=FAST, static_argnums=(2,), donate_argnums=(0,)
+    )
     params, x = example()
     f(params, x, 1.0)
     assert params["w1"].is_deleted() and not x.is_deleted()
@@ -57,16 +58,19 @@ def test_donated_arguments_are_consumed_as_under_jax_jit():
 
 def test_plans_are_kept_on_disk_keyed_by_the_program(tmp_path):
     params, x = example()
-    first = partir.jit(step, mesh=MESH, schedule=SCHEDULE, search=FAST, static_argnums=2,
-                       cache_dir=tmp_path)  # fmt: skip
+    first = partir.jit(
+        step, mesh=MESH, schedule=SCHEDULE, search=FAST, static_argnums=2, cache_dir=tmp_path
+    )
     want = first(params, x, 2.0)
     assert first.searches == 1 and len(list(tmp_path.glob("step-*.json"))) == 1
-    again = partir.jit(step, mesh=MESH, schedule=SCHEDULE, search=FAST, static_argnums=2,
-                       cache_dir=tmp_path)  # fmt: skip
+    again = partir.jit(
+        step, mesh=MESH, schedule=SCHEDULE, search=FAST, static_argnums=2, cache_dir=tmp_path
+    )
     assert_close(again(params, x, 2.0), want)
     assert again.searches == 0 and again.plan.specs == first.plan.specs
-    other = partir.jit(step, mesh=MESH, schedule=SCHEDULE, search=FAST, static_argnums=2,
-                       cache_dir=tmp_path)  # fmt: skip
+    other = partir.jit(
+        step, mesh=MESH, schedule=SCHEDULE, search=FAST, static_argnums=2, cache_dir=tmp_path
+    )
     other(params, x, 5.0)  # another program (the static value is in its jaxpr)
     assert other.searches == 1 and len(list(tmp_path.glob("step-*.json"))) == 2
 
@@ -92,8 +96,14 @@ def test_keyword_arguments_are_refused_with_a_reason():
 
 
 def test_the_mesh_shape_chosen_at_the_first_call():
-    f = partir.jit(step, mesh={"batch": None, "model": None}, devices=8, schedule=SCHEDULE,
-                   search=FAST, static_argnums=2)  # fmt: skip
+    f = partir.jit(
+        step,
+        mesh={"batch": None, "model": None},
+        devices=8,
+        schedule=SCHEDULE,
+        search=FAST,
+        static_argnums=2,
+    )
     params, x = example()
     out = f(params, x, 1.0)
     assert f.plan.mesh["batch"] * f.plan.mesh["model"] == 8

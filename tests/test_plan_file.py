@@ -56,8 +56,9 @@ def test_edited_specs_win_over_the_recorded_decisions(solved):
     tmp, record = solved
     sharded = [p for p, s in record["specs"].items() if any(s)]
     assert sharded
-    edited = dict(record, specs={**record["specs"], sharded[0]: [None] * len(
-        record["specs"][sharded[0]])})  # fmt: skip
+    edited = dict(
+        record, specs={**record["specs"], sharded[0]: [None] * len(record["specs"][sharded[0]])}
+    )
     plan = _load(tmp, edited)
     assert json.loads(plan.to_json())["specs"] == edited["specs"]
     assert plan.decisions is None  # made from the specs, not replayed

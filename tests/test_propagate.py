@@ -106,8 +106,9 @@ def test_earlier_decision_wins_and_conflicts_are_rejected():
     w0 = PROG.inputs["params/layers/0/w"]
     state = PROP.apply(PROP.empty(), Decision(0, w0, 1, "b"))
     assert PROP.apply(state, Decision(1, w0, 0, "b")) is None  # axis already on the value
-    state2, rejected = PROP.apply_all(PROP.empty(), [Decision(0, w0, 1, "b"),
-                                                     Decision(1, w0, 0, "b")])  # fmt: skip
+    state2, rejected = PROP.apply_all(
+        PROP.empty(), [Decision(0, w0, 1, "b"), Decision(1, w0, 0, "b")]
+    )
     assert rejected == [Decision(1, w0, 0, "b")] and state2 == state
 
 
@@ -126,8 +127,10 @@ def test_scan_carries_share_one_sharding():
 
     prog = trace(f, (S((3, 16, 16), f32), S((8, 16), f32)))
     prop = Propagator(prog, MESH)
-    state = prop.apply(prop.empty(), Decision(0, prog.inputs["x/"] if "x/" in prog.inputs
-                                              else prog.inputs["x"], 0, "a"))  # fmt: skip
+    state = prop.apply(
+        prop.empty(),
+        Decision(0, prog.inputs["x/"] if "x/" in prog.inputs else prog.inputs["x"], 0, "a"),
+    )
     assert prop.sharding(state, prog.outputs["out"]) == (("a",), ())
     state = prop.apply(prop.empty(), Decision(0, prog.inputs["w"], 2, "b"))
     # the stacked weight's layer dim stays whole; its columns tile the carry

@@ -17,9 +17,15 @@ SCHEDULE = [st.batch("batch"), st.zero("batch", 3), st.megatron("model")]
 
 def gpt_goal(layers: int, proxy: bool = True, memory_limit=None) -> partir.Goal:
     args = gpt.example_args(abstract=True, layers=layers, **SIZE)
-    return partir.Goal(gpt.train_step, args, {"batch": 2, "model": 4}, device="tpu-v4",
-                       memory_limit=memory_limit, schedule=SCHEDULE,
-                       search=partir.Search(seed=0, proxy=proxy))  # fmt: skip
+    return partir.Goal(
+        gpt.train_step,
+        args,
+        {"batch": 2, "model": 4},
+        device="tpu-v4",
+        memory_limit=memory_limit,
+        schedule=SCHEDULE,
+        search=partir.Search(seed=0, proxy=proxy),
+    )
 
 
 def test_stacks_are_found_in_params_and_the_moments_that_mirror_them():

@@ -29,8 +29,11 @@ def _literal(name: str) -> list[str]:
     partir/ir/rules.py, in the order they are written."""
     tree = ast.parse(pathlib.Path(rules.__file__).read_text())
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) else None)  # fmt: skip
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        )
         if isinstance(target, ast.Name) and target.id == name:
             value = node.value
             items = value.keys if isinstance(value, ast.Dict) else value.elts
@@ -145,14 +148,16 @@ def test_embedding_lookup_is_a_reduction_over_the_vocabulary():
 def test_an_offset_dim_of_slice_size_one_is_a_reduction_like_a_collapsed_dim():
     """`x[i]` under vmap (penzai's `lp[t]` under nmap) keeps the indexed dim as an offset
     dim of size 1; a whole window is kept whole even when it is indexed (clamped to 0)."""
-    picked = rules_of(jax.vmap(jax.vmap(lambda v, i: v[i])), S((4, 16, 64), f32),
-                      S((4, 16), jnp.int32))  # fmt: skip
+    picked = rules_of(
+        jax.vmap(jax.vmap(lambda v, i: v[i])), S((4, 16, 64), f32), S((4, 16), jnp.int32)
+    )
     assert (
         "gather ([i, j, k], [i, j, l])->([i, j, m]) {i=4, j=16, k=64, l=1, m=1} "
         "reduction={k} need-replication={l, m}" in picked
     )
-    looked_up = rules_of(jax.vmap(lambda e, i: e[i], in_axes=(None, 0)), S((64, 8), f32),
-                         S((4,), jnp.int32))  # fmt: skip
+    looked_up = rules_of(
+        jax.vmap(lambda e, i: e[i], in_axes=(None, 0)), S((64, 8), f32), S((4,), jnp.int32)
+    )
     assert (
         "gather ([k, j], [i, l])->([i, m, j]) {i=4, j=8, k=64, l=2, m=1} reduction={k} "
         "need-replication={l, m}" in looked_up

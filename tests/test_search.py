@@ -26,11 +26,16 @@ S = jax.ShapeDtypeStruct
 def gpt_goal(mesh=None, schedule=None, **kw):
     args = gpt.example_args(preset="tiny", batch=64, seq=32, d_model=64, heads=8)
     return partir.Goal(
-        gpt.train_step, args, mesh or {"batch": 2, "model": 4}, device="tpu-v4",
-        schedule=schedule if schedule is not None else
-        [st.batch("batch"), st.zero("batch", 3), st.megatron("model")],
-        search=partir.Search(seed=0), **kw,
-    )  # fmt: skip
+        gpt.train_step,
+        args,
+        mesh or {"batch": 2, "model": 4},
+        device="tpu-v4",
+        schedule=schedule
+        if schedule is not None
+        else [st.batch("batch"), st.zero("batch", 3), st.megatron("model")],
+        search=partir.Search(seed=0),
+        **kw,
+    )
 
 
 def test_groups_tie_params_to_moments_and_layers():
@@ -64,8 +69,13 @@ def test_megatron_axis_finds_head_and_hidden_parallel_layers():
     # wide enough that head-parallel attention pays for its all-reduce (at d_model 256 the
     # fused attention costs less than the collective, and the search leaves it whole)
     args = gpt.example_args(preset="small", layers=2, d_model=2048, heads=16, seq=512)
-    goal = partir.Goal(gpt.train_step, args, {"batch": 2, "model": 4}, device="tpu-v4",
-                       schedule=[st.batch("batch"), st.megatron("model")])  # fmt: skip
+    goal = partir.Goal(
+        gpt.train_step,
+        args,
+        {"batch": 2, "model": 4},
+        device="tpu-v4",
+        schedule=[st.batch("batch"), st.megatron("model")],
+    )
     plan = partir.solve(goal, baselines=False)
     assert plan.specs["params/layers/0/attn/q"][1] == "model"  # heads
     assert plan.specs["params/layers/0/attn/o"][0] == "model"
@@ -84,9 +94,14 @@ def test_search_is_deterministic_for_a_seed_and_respects_an_episode_budget():
 
 def test_auto_on_every_axis_is_no_worse_than_data_parallel():
     args = mlp.example_args(preset="small")
-    goal = partir.Goal(mlp.train_step, args, {"a": 2, "b": 4}, device="tpu-v4",
-                       schedule=[st.auto("a"), st.auto("b")],
-                       search=partir.Search(seed=0))  # fmt: skip
+    goal = partir.Goal(
+        mlp.train_step,
+        args,
+        {"a": 2, "b": 4},
+        device="tpu-v4",
+        schedule=[st.auto("a"), st.auto("b")],
+        search=partir.Search(seed=0),
+    )
     plan = partir.solve(goal)
     check_plan(goal, plan)
     assert plan.cost.step_time_s <= plan.baselines["BP"].step_time_s
@@ -122,9 +137,15 @@ def test_auto_reaches_fsdp_under_a_limit_only_zero_meets():
     # limit (what `model` can divide at most). Without the first, auto fit at 1.40x the
     # FSDP expert; without the second, it minimised memory on `data` alone (1.35x at 160)
     args = gpt.example_args(abstract=True, preset="small")
-    goal = partir.Goal(gpt.train_step, args, {"data": 2, "model": 4}, device="tpu-v4",
-                       memory_limit="145MiB", schedule=[st.auto("data"), st.auto("model")],
-                       search=partir.Search(seed=0))  # fmt: skip
+    goal = partir.Goal(
+        gpt.train_step,
+        args,
+        {"data": 2, "model": 4},
+        device="tpu-v4",
+        memory_limit="145MiB",
+        schedule=[st.auto("data"), st.auto("model")],
+        search=partir.Search(seed=0),
+    )
     plan = partir.solve(goal)
     assert plan.cost.fits
     assert plan.cost.step_time_s <= 1.01 * plan.baselines["FSDP"].step_time_s
@@ -156,9 +177,15 @@ def test_the_bound_with_shallow_copies_counts_the_zero_an_auto_axis_may_end_with
     # ZeRO and declared "smallest possible 147.41 MiB", while the whole program's bound
     # (with it) was 127.33 MiB and searched
     args = gpt.example_args(abstract=True, preset="small")
-    goal = partir.Goal(gpt.train_step, args, {"data": 2, "model": 4}, device="tpu-v4",
-                       memory_limit="140MiB", schedule=[st.auto("data"), st.auto("model")],
-                       search=partir.Search(seed=0, episodes=20))  # fmt: skip
+    goal = partir.Goal(
+        gpt.train_step,
+        args,
+        {"data": 2, "model": 4},
+        device="tpu-v4",
+        memory_limit="140MiB",
+        schedule=[st.auto("data"), st.auto("model")],
+        search=partir.Search(seed=0, episodes=20),
+    )
     plan = partir.solve(goal, baselines=False)  # no InfeasibleMemory
     assert plan.search["proxy"]["used"]
 
@@ -169,9 +196,15 @@ def test_a_plan_the_shallow_copies_mispredict_is_searched_again_whole(monkeypatc
     # the whole search found then
     preset, overrides = REALISTIC["mlp"]
     args = mlp.example_args(abstract=True, preset=preset, **dict(overrides))
-    goal = partir.Goal(mlp.train_step, args, {"data": 8, "model": 8}, device="tpu-v4",
-                       memory_limit="32GiB", schedule=[st.auto("data"), st.auto("model")],
-                       search=partir.Search(seed=0, episodes=40))  # fmt: skip
+    goal = partir.Goal(
+        mlp.train_step,
+        args,
+        {"data": 8, "model": 8},
+        device="tpu-v4",
+        memory_limit="32GiB",
+        schedule=[st.auto("data"), st.auto("model")],
+        search=partir.Search(seed=0, episodes=40),
+    )
     trusted = partir.solve(goal, baselines=False)
     assert trusted.search["proxy"]["used"]
     assert trusted.search["proxy"]["full_over_predicted"] == pytest.approx(1.0, rel=0.01)
@@ -182,15 +215,22 @@ def test_a_plan_the_shallow_copies_mispredict_is_searched_again_whole(monkeypatc
     assert 0 < proxy["episodes_on_copies"] <= 40 and 0 < proxy["episodes_on_whole"] <= 40
     assert proxy["episodes_on_copies"] + proxy["episodes_on_whole"] == plan.search["episodes"]
     kept_copies = proxy["used"]
-    other = proxy["whole_search"]["step_time_s"] if kept_copies else (
-        proxy["rejected_plan_step_time_s"])
+    other = (
+        proxy["whole_search"]["step_time_s"]
+        if kept_copies
+        else (proxy["rejected_plan_step_time_s"])
+    )
     assert plan.cost.step_time_s <= other
     monkeypatch.undo()
 
     # where the copies predict the full program, their plan is kept
-    small = partir.Goal(gpt.train_step, gpt.example_args(abstract=True, preset="small"),
-                        {"batch": 2, "model": 4}, device="tpu-v4",
-                        schedule=[st.batch("batch"), st.zero("batch", 3), st.megatron("model")])  # fmt: skip
+    small = partir.Goal(
+        gpt.train_step,
+        gpt.example_args(abstract=True, preset="small"),
+        {"batch": 2, "model": 4},
+        device="tpu-v4",
+        schedule=[st.batch("batch"), st.zero("batch", 3), st.megatron("model")],
+    )
     kept = partir.solve(small, baselines=False).search["proxy"]
     assert kept["used"] and kept["full_over_predicted"] == pytest.approx(1.0, rel=0.01)
 
@@ -205,8 +245,13 @@ def test_ctrl_c_returns_the_plan_so_far_without_a_second_search(monkeypatch):
             raise KeyboardInterrupt
 
     args = gpt.example_args(abstract=True, preset="small")  # searched on shallow copies
-    goal = partir.Goal(gpt.train_step, args, {"a": 2, "b": 4}, device="tpu-v4",
-                       schedule=[st.batch("a"), st.auto("b")])  # fmt: skip
+    goal = partir.Goal(
+        gpt.train_step,
+        args,
+        {"a": 2, "b": 4},
+        device="tpu-v4",
+        schedule=[st.batch("a"), st.auto("b")],
+    )
     plan = partir.solve(goal, baselines=False, progress=interrupt)
     assert pressed and plan.search["axes"][-1]["stop_reason"] == "interrupted"
     assert plan.search["proxy"]["used"]
@@ -214,8 +259,11 @@ def test_ctrl_c_returns_the_plan_so_far_without_a_second_search(monkeypatch):
 
 def test_memory_limit_that_cannot_be_met_says_why():
     goal = gpt_goal(memory_limit="64KiB")
-    with pytest.raises(InfeasibleMemory, match=r"needs at least .* per device; "
-                                               r"the limit is 64.00 KiB"):  # fmt: skip
+    with pytest.raises(
+        InfeasibleMemory,
+        match=r"needs at least .* per device; "
+        r"the limit is 64.00 KiB",
+    ):
         partir.solve(goal)
 
 
@@ -231,8 +279,11 @@ def test_cpsat_forces_tiling_when_memory_is_tight():
         return optax.apply_updates(params, u), opt_state, {"loss": v}
 
     params = {"w1": S((1024, 1024), jnp.float32), "w2": S((1024, 1024), jnp.float32)}
-    args = (params, jax.eval_shape(tx.init, params),
-            {"x": S((8, 1024), jnp.float32), "y": S((8, 1024), jnp.float32)})  # fmt: skip
+    args = (
+        params,
+        jax.eval_shape(tx.init, params),
+        {"x": S((8, 1024), jnp.float32), "y": S((8, 1024), jnp.float32)},
+    )
     free = partir.Goal(step, args, {"m": 8}, schedule=[st.megatron("m")])
     limit = free.cost_model.cost(free.propagator.empty()).peak_memory_bytes // 3
     goal = partir.Goal(step, args, {"m": 8}, memory_limit=limit, schedule=[st.megatron("m")])
@@ -283,8 +334,9 @@ def test_cpsat_lets_the_search_stop_where_the_axis_own_zero_fits(monkeypatch):
 
     free = partir.Goal(mlp.train_step, args, mesh, device="tpu-v4", schedule=schedule)
     limit = free.cost_model.cost(zero_only(free)[1]).peak_memory_bytes
-    goal = partir.Goal(mlp.train_step, args, mesh, device="tpu-v4", schedule=schedule,
-                       memory_limit=limit)  # fmt: skip
+    goal = partir.Goal(
+        mlp.train_step, args, mesh, device="tpu-v4", schedule=schedule, memory_limit=limit
+    )
     results = []
 
     def spy(*a, **kw):
@@ -298,9 +350,14 @@ def test_cpsat_lets_the_search_stop_where_the_axis_own_zero_fits(monkeypatch):
 
 
 def test_manual_tile_and_replicate_are_honoured():
-    goal = gpt_goal(schedule=[st.batch("batch"), st.megatron("model"),
-                              st.tile("params/embed", 0, "model"),
-                              st.replicate("params/**/scale", "model")])  # fmt: skip
+    goal = gpt_goal(
+        schedule=[
+            st.batch("batch"),
+            st.megatron("model"),
+            st.tile("params/embed", 0, "model"),
+            st.replicate("params/**/scale", "model"),
+        ]
+    )
     plan = partir.solve(goal, baselines=False)
     assert plan.specs["params/embed"][0] == "model"
     assert all("model" not in str(s) for p, s in plan.specs.items() if p.endswith("/scale"))
@@ -319,8 +376,13 @@ def test_json_round_trip():
 
 
 def test_replicate_keeps_inputs_whole_on_its_axis_against_zero_and_propagation():
-    schedule = [st.batch("batch"), st.zero("batch", 3), st.megatron("model"),
-                st.replicate("params/**/scale", "batch"), st.replicate("params/embed", "batch")]  # fmt: skip
+    schedule = [
+        st.batch("batch"),
+        st.zero("batch", 3),
+        st.megatron("model"),
+        st.replicate("params/**/scale", "batch"),
+        st.replicate("params/embed", "batch"),
+    ]
     goal = gpt_goal(schedule=schedule)
     plan = partir.solve(goal, baselines=False)
     kept = [p for p in plan.specs if p.startswith("params/") and p.endswith("/scale")]
@@ -367,9 +429,19 @@ def test_batch_and_megatron_on_one_axis_is_an_error_not_a_silent_drop():
         gpt_goal({"x": 4}, schedule=[st.batch("x"), st.megatron("x")])
 
 
-@pytest.mark.parametrize("kw", [{"episodes": 0}, {"episodes": -3}, {"episodes": 2.5},
-                                {"seconds": 0}, {"seconds": -1}, {"seconds": float("nan")},
-                                {"seconds": float("inf")}, {"prune": "sat"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"episodes": 0},
+        {"episodes": -3},
+        {"episodes": 2.5},
+        {"seconds": 0},
+        {"seconds": -1},
+        {"seconds": float("nan")},
+        {"seconds": float("inf")},
+        {"prune": "sat"},
+    ],
+)
 def test_a_search_budget_that_means_nothing_is_refused(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         partir.Search(**kw)
@@ -431,10 +503,12 @@ def test_batch_whose_data_a_replicate_keeps_whole_is_an_error():
 def test_a_plan_file_is_refused_by_a_goal_that_now_replicates_what_it_tiles():
     from partir.ir.specs import PlanError
 
-    plan = partir.solve(gpt_goal(schedule=[st.batch("batch"), st.zero("model", 3)]),
-                        baselines=False)  # fmt: skip
-    stricter = gpt_goal(schedule=[st.batch("batch"), st.megatron("model"),
-                                  st.replicate("params/**", "model")])  # fmt: skip
+    plan = partir.solve(
+        gpt_goal(schedule=[st.batch("batch"), st.zero("model", 3)]), baselines=False
+    )
+    stricter = gpt_goal(
+        schedule=[st.batch("batch"), st.megatron("model"), st.replicate("params/**", "model")]
+    )
     with pytest.raises(PlanError, match="a replicate statement of the goal keeps whole"):
         partir.Plan.from_json(plan.to_json(), stricter)
 
@@ -447,10 +521,18 @@ def test_without_a_memory_statement_the_devices_hbm_is_the_limit():
         g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
         return w - 1e-3 * g
 
-    args = (jax.ShapeDtypeStruct((2**15, 2**16), jnp.float32),
-            jax.ShapeDtypeStruct((64, 2**15), jnp.float32))  # fmt: skip
-    goal = partir.Goal(step, args, {"x": 8}, device="cpu", schedule=[st.auto("x")],
-                       search=partir.Search(seed=0, episodes=30))  # fmt: skip
+    args = (
+        jax.ShapeDtypeStruct((2**15, 2**16), jnp.float32),
+        jax.ShapeDtypeStruct((64, 2**15), jnp.float32),
+    )
+    goal = partir.Goal(
+        step,
+        args,
+        {"x": 8},
+        device="cpu",
+        schedule=[st.auto("x")],
+        search=partir.Search(seed=0, episodes=30),
+    )
     assert goal.memory_limit == 16 * 2**30 and goal.memory_limit_source == "the cpu HBM"
     plan = partir.solve(goal, baselines=False)
     assert plan.cost.fits and plan.cost.peak_memory_bytes <= 16 * 2**30

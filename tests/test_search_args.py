@@ -11,13 +11,24 @@ from partir.goal import Search
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"seed": 1.5}, {"seed": "0"}, {"seed": True}, {"seed": None},
-        {"patience": 0}, {"patience": -3}, {"patience": 2.5}, {"patience": True},
-        {"uct_c": float("nan")}, {"uct_c": float("inf")}, {"uct_c": -0.1}, {"uct_c": "1.4"},
-        {"uct_c": True}, {"proxy": "yes"}, {"proxy": 1},
+        {"seed": 1.5},
+        {"seed": "0"},
+        {"seed": True},
+        {"seed": None},
+        {"patience": 0},
+        {"patience": -3},
+        {"patience": 2.5},
+        {"patience": True},
+        {"uct_c": float("nan")},
+        {"uct_c": float("inf")},
+        {"uct_c": -0.1},
+        {"uct_c": "1.4"},
+        {"uct_c": True},
+        {"proxy": "yes"},
+        {"proxy": 1},
     ],
     ids=repr,
-)  # fmt: skip
+)
 def test_meaningless_search_options_are_refused_at_once(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(ValueError, match=name):

@@ -53,30 +53,44 @@ def _moe_step(params, x):
 
 def _moe_args(experts=4):
     f32 = jnp.float32
-    params = {"MoeBlock_0": {"wi_0": jax.ShapeDtypeStruct((experts, 16, 32), f32),
-                             "wo": jax.ShapeDtypeStruct((experts, 32, 16), f32)}}  # fmt: skip
+    params = {
+        "MoeBlock_0": {
+            "wi_0": jax.ShapeDtypeStruct((experts, 16, 32), f32),
+            "wo": jax.ShapeDtypeStruct((experts, 32, 16), f32),
+        }
+    }
     return params, jax.ShapeDtypeStruct((experts, 8, 16), f32)
 
 
 def test_expert_finds_moe_weights_by_structure():
-    goal = partir.Goal(_moe_step, _moe_args(), {"expert": 4}, schedule=[S.expert("expert")],
-                       search=partir.Search(seed=0, episodes=5))  # fmt: skip
+    goal = partir.Goal(
+        _moe_step,
+        _moe_args(),
+        {"expert": 4},
+        schedule=[S.expert("expert")],
+        search=partir.Search(seed=0, episodes=5),
+    )
     plan = partir.solve(goal, baselines=False)
     assert plan.specs["params/MoeBlock_0/wi_0"][0] == "expert"
     assert plan.specs["params/MoeBlock_0/wo"][0] == "expert"
 
 
 def test_expert_that_tiles_nothing_says_so():
-    goal = partir.Goal(_moe_step, _moe_args(experts=3), {"expert": 2},
-                       schedule=[S.expert("expert")])  # fmt: skip
+    goal = partir.Goal(
+        _moe_step, _moe_args(experts=3), {"expert": 2}, schedule=[S.expert("expert")]
+    )
     with pytest.raises(partir.PlanError, match="finds no mixture-of-experts weight"):
         partir.solve(goal, baselines=False)
 
 
 def test_expert_params_name_the_moe_weights_and_no_others():
-    goal = partir.Goal(_moe_step, _moe_args(), {"expert": 4},
-                       schedule=[S.expert("expert", params="**/wi_0")],
-                       search=partir.Search(seed=0, episodes=5))  # fmt: skip
+    goal = partir.Goal(
+        _moe_step,
+        _moe_args(),
+        {"expert": 4},
+        schedule=[S.expert("expert", params="**/wi_0")],
+        search=partir.Search(seed=0, episodes=5),
+    )
     from partir.ir.groups import find_groups
     from partir.strategies.compile import compile_axis
 
@@ -87,7 +101,9 @@ def test_expert_params_name_the_moe_weights_and_no_others():
     plan = partir.solve(goal, baselines=False)
     assert plan.specs["params/MoeBlock_0/wi_0"][0] == "expert"  # wo follows by propagation
     unmatched = goal.replace(schedule=[S.expert("expert", params=["**/router"])])
-    with pytest.raises(partir.PlanError, match=r"expert\(params=\['\*\*/router'\]\).*tiles nothing"):
+    with pytest.raises(
+        partir.PlanError, match=r"expert\(params=\['\*\*/router'\]\).*tiles nothing"
+    ):
         partir.solve(unmatched, baselines=False)
     with pytest.raises(ValueError, match="a path glob or a list of them"):
         S.expert("expert", params=[])

@@ -45,11 +45,21 @@ def _random(args, vocab: int):
 
 
 CASES = {
-    "pick": (_pick, (S((4, 16, 64), jnp.float32), S((4, 16), jnp.int32)), "logits",
-             P(None, None, "model"), 4 * 16 * 4),
-    "look_up": (_look_up, (S((64, 16), jnp.float32), S((8,), jnp.int32)), "table",
-                P("model"), 8 * 16 * 4),
-}  # fmt: skip
+    "pick": (
+        _pick,
+        (S((4, 16, 64), jnp.float32), S((4, 16), jnp.int32)),
+        "logits",
+        P(None, None, "model"),
+        4 * 16 * 4,
+    ),
+    "look_up": (
+        _look_up,
+        (S((64, 16), jnp.float32), S((8,), jnp.int32)),
+        "table",
+        P("model"),
+        8 * 16 * 4,
+    ),
+}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -81,8 +91,9 @@ def _gathered(fn, *args) -> dict[str, int]:
 def test_gathered_tables_are_found_through_converts_transposes_and_loops():
     tokens = S((4, 8), jnp.int32)
     assert _gathered(lambda e, t: e[t].sum(), S((64, 16), jnp.float32), tokens) == {"e": 0}
-    assert _gathered(lambda e, t: e.T.astype(jnp.bfloat16)[t], S((16, 64), jnp.float32),
-                     tokens) == {"e": 1}  # fmt: skip
+    assert _gathered(
+        lambda e, t: e.T.astype(jnp.bfloat16)[t], S((16, 64), jnp.float32), tokens
+    ) == {"e": 1}
     assert _gathered(_look_up, S((64, 16), jnp.float32), S((8,), jnp.int32)) == {"table": 0}
 
     def scanned(stack, t):  # a stack of tables scanned over: each looked up on its rows
@@ -94,24 +105,35 @@ def test_gathered_tables_are_found_through_converts_transposes_and_loops():
         return jax.lax.scan(lambda c, _: (c + e[t].sum(), None), 0.0, None, length=2)[0]
 
     assert _gathered(closed_over, S((64, 16), jnp.float32), tokens) == {"e": 0}
-    assert _gathered(lambda e, t: e.reshape(64, 4, 4)[t], S((64, 16), jnp.float32),
-                     tokens) == {"e": 0}  # fmt: skip
+    assert _gathered(lambda e, t: e.reshape(64, 4, 4)[t], S((64, 16), jnp.float32), tokens) == {
+        "e": 0
+    }
     # dims merged into the looked-up dim: only the major one tiles it in whole blocks
     flat = lambda e, t: e.reshape(-1)[t]  # noqa: E731
     assert _gathered(flat, S((64, 16), jnp.float32), tokens) == {"e": 0}
     assert _gathered(lambda e, t: flat(e.T, t), S((64, 16), jnp.float32), tokens) == {"e": 1}
     assert _gathered(lambda e, t: e.reshape(16, 64)[t], S((64, 16), jnp.float32), tokens) == {}
     # `x[:, i]` looks up columns; a dynamic slice is no gather
-    assert _gathered(lambda x, i: x[:, i], S((64, 16), jnp.float32), S((4,), jnp.int32)) \
-        == {"x": 1}  # fmt: skip
-    assert _gathered(lambda x, i: jax.lax.dynamic_slice_in_dim(x, i, 8), S((64, 16), jnp.float32),
-                     S((), jnp.int32)) == {}  # fmt: skip
+    assert _gathered(lambda x, i: x[:, i], S((64, 16), jnp.float32), S((4,), jnp.int32)) == {"x": 1}
+    assert (
+        _gathered(
+            lambda x, i: jax.lax.dynamic_slice_in_dim(x, i, 8),
+            S((64, 16), jnp.float32),
+            S((), jnp.int32),
+        )
+        == {}
+    )
 
 
 def _model_axis_actions(tied: bool) -> dict[str, set[int]]:
     args = gpt.example_args(tied=tied)
-    goal = partir.Goal(gpt.train_step, args, {"data": 2, "model": 4}, device="tpu-v4",
-                       schedule=[st.batch("data"), st.megatron("model")])  # fmt: skip
+    goal = partir.Goal(
+        gpt.train_step,
+        args,
+        {"data": 2, "model": 4},
+        device="tpu-v4",
+        schedule=[st.batch("data"), st.megatron("model")],
+    )
     prop, groups = goal.propagator, find_groups(goal.program)
     required = compile_axis(goal, "data", prop.empty(), groups, 10).required
     state = prop.apply_all(prop.empty(), required)[0]
@@ -134,11 +156,17 @@ def test_the_search_tiles_an_untied_embedding_on_its_vocab_when_it_pays():
     # its vocab (XLA, this jaxlib: 10.57 MB of collectives, 79.1 MB allocated) against the same
     # plan with the embedding and its moments replicated, which is the plan searched before
     # megatron offered the embedding (16.34 MB, 109.5 MB)
-    args = gpt.example_args(layers=2, d_model=256, heads=4, seq=64, batch=16, vocab=8192,
-                            tied=False)  # fmt: skip
-    goal = partir.Goal(gpt.train_step, args, {"data": 2, "model": 4}, device="tpu-v4",
-                       schedule=[st.batch("data"), st.megatron("model")],
-                       search=partir.Search(seed=0))  # fmt: skip
+    args = gpt.example_args(
+        layers=2, d_model=256, heads=4, seq=64, batch=16, vocab=8192, tied=False
+    )
+    goal = partir.Goal(
+        gpt.train_step,
+        args,
+        {"data": 2, "model": 4},
+        device="tpu-v4",
+        schedule=[st.batch("data"), st.megatron("model")],
+        search=partir.Search(seed=0),
+    )
     plan = partir.solve(goal)
     assert plan.specs["params/embed"] == P("model", None)
     replicated = partir.plan(

@@ -25,11 +25,18 @@ def _scanned_step(params, x):
 
 def _stack_goal() -> partir.Goal:
     # 64 layers of 32 x 32 under lax.scan: the layer dim is the largest
-    args = ({"stack": jax.ShapeDtypeStruct((64, 32, 32), jnp.float32)},
-            jax.ShapeDtypeStruct((64, 32), jnp.float32))  # fmt: skip
+    args = (
+        {"stack": jax.ShapeDtypeStruct((64, 32, 32), jnp.float32)},
+        jax.ShapeDtypeStruct((64, 32), jnp.float32),
+    )
     schedule = [st.batch("batch"), st.zero("batch", 3)]
-    return partir.Goal(_scanned_step, args, {"batch": 8}, schedule=schedule,
-                       search=partir.Search(episodes=20, seed=0))  # fmt: skip
+    return partir.Goal(
+        _scanned_step,
+        args,
+        {"batch": 8},
+        schedule=schedule,
+        search=partir.Search(episodes=20, seed=0),
+    )
 
 
 def test_zero_takes_the_dim_the_cost_model_prefers_over_the_largest():
@@ -52,9 +59,14 @@ def test_zero_takes_the_dim_the_cost_model_prefers_over_the_largest():
 
 
 def _gpt_goal(**kw) -> partir.Goal:
-    return partir.Goal(gpt.train_step, gpt.example_args(preset="tiny"), {"batch": 8},
-                       schedule=[st.batch("batch"), st.zero("batch", 3)],
-                       search=partir.Search(episodes=20, seed=0), **kw)  # fmt: skip
+    return partir.Goal(
+        gpt.train_step,
+        gpt.example_args(preset="tiny"),
+        {"batch": 8},
+        schedule=[st.batch("batch"), st.zero("batch", 3)],
+        search=partir.Search(episodes=20, seed=0),
+        **kw,
+    )
 
 
 def test_zero_leaves_vectors_whole_where_tiling_costs_more_and_keeps_matrices_tiled():

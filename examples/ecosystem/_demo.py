@@ -30,9 +30,14 @@ def get_path(tree: dict, path: str) -> Any:
 
 
 def goal_for(train_step: Callable, args: tuple) -> partir.Goal:
-    return partir.Goal(train_step, args, mesh={"batch": 2, "model": 4}, device="tpu-v4",
-                       schedule=[st.batch("batch"), st.megatron("model")],
-                       search=partir.Search(seed=0, episodes=40))  # fmt: skip
+    return partir.Goal(
+        train_step,
+        args,
+        mesh={"batch": 2, "model": 4},
+        device="tpu-v4",
+        schedule=[st.batch("batch"), st.megatron("model")],
+        search=partir.Search(seed=0, episodes=40),
+    )
 
 
 def plan_and_compare(
@@ -51,6 +56,8 @@ def plan_and_compare(
     print(plan)
     got, want = plan.jit()(*args), jax.jit(train_step)(*args)
     print("loss sharded / unsharded:", float(got[2]["loss"]), float(want[2]["loss"]))
-    print("max relative error of the gradients (Adam's mu):",
-          max_relative_error(moments(got[1]), moments(want[1])))  # fmt: skip
+    print(
+        "max relative error of the gradients (Adam's mu):",
+        max_relative_error(moments(got[1]), moments(want[1])),
+    )
     print(plan.rules_source())

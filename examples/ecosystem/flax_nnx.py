@@ -84,8 +84,10 @@ def train_step_and_args(*, vocab=256, d_model=256, heads=8, layers=2, batch=16, 
         return nnx.to_pure_dict(nnx.state(model)), nnx.to_pure_dict(nnx.state(opt)), {"loss": loss}
 
     k1, k2 = jax.random.split(jax.random.key(seed + 1))
-    data = {"tokens": jax.random.randint(k1, (batch, seq), 0, vocab),
-            "targets": jax.random.randint(k2, (batch, seq), 0, vocab)}  # fmt: skip
+    data = {
+        "tokens": jax.random.randint(k1, (batch, seq), 0, vocab),
+        "targets": jax.random.randint(k2, (batch, seq), 0, vocab),
+    }
     return train_step, (nnx.to_pure_dict(model_state), nnx.to_pure_dict(opt_state), data)
 
 

@@ -33,8 +33,7 @@ def random_graphs(*, graphs=8, nodes=32, edges=64, features=16, seed=0) -> jraph
     )
 
 
-def train_step_and_args(*, hidden=256, steps=2, graphs=8, nodes=32, edges=64, features=16,
-                        seed=0):  # fmt: skip
+def train_step_and_args(*, hidden=256, steps=2, graphs=8, nodes=32, edges=64, features=16, seed=0):
     """A pure `train_step(params, opt_state, batch)` of an interaction-network GNN that
     regresses one value per graph, with optax.adam, and its random-initialised args."""
 

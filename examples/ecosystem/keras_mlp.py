@@ -41,8 +41,9 @@ def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
 
     def train_step(params, opt_state, batch):
         def loss_fn(p):
-            logits, _ = model.stateless_call([get_path(p, n) for n in names], non_trainable,
-                                             batch["x"], training=True)  # fmt: skip
+            logits, _ = model.stateless_call(
+                [get_path(p, n) for n in names], non_trainable, batch["x"], training=True
+            )
             return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -51,8 +52,10 @@ def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
 
     params = nest_paths({v.path: v.value for v in model.trainable_variables})
     k1, k2 = jax.random.split(jax.random.key(seed))
-    data = {"x": jax.random.normal(k1, (batch, d_in)),
-            "y": jax.random.randint(k2, (batch,), 0, classes)}  # fmt: skip
+    data = {
+        "x": jax.random.normal(k1, (batch, d_in)),
+        "y": jax.random.randint(k2, (batch,), 0, classes),
+    }
     return train_step, (params, tx.init(params), data)
 
 

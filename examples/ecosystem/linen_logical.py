@@ -44,8 +44,9 @@ class Dense(nn.Module):
 
 
 def norm(name: str) -> nn.RMSNorm:
-    return nn.RMSNorm(scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
-                      name=name)  # fmt: skip
+    return nn.RMSNorm(
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), name=name
+    )
 
 
 class DecoderLayer(nn.Module):
@@ -84,8 +85,13 @@ class Decoder(nn.Module):
         embed = nn.Embed(self.vocab, self.d_model, embedding_init=embed_init, name="token_embedder")
         x = nn.with_logical_constraint(embed(tokens), RESIDUAL)
         # the layers scanned, as MaxText's scan_layers: every weight gains a "layers" dim
-        stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                        length=self.layers, metadata_params={nn.PARTITION_NAME: "layers"})  # fmt: skip
+        stack = nn.scan(
+            DecoderLayer,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            length=self.layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
         x, _ = stack(self.heads, self.d_model // self.heads, self.mlp, name="layers")(x, None)
         x = norm("decoder_norm")(x)
         return Dense((self.vocab,), ("embed", "vocab"), name="logits_dense")(x)
@@ -98,8 +104,10 @@ def train_step_and_args(*, batch=16, seq=32, seed=0, **model):
     net = Decoder(**model)
     tx = optax.adamw(1e-3)
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
-    data = {"tokens": jax.random.randint(k1, (batch, seq), 0, net.vocab),
-            "targets": jax.random.randint(k2, (batch, seq), 0, net.vocab)}  # fmt: skip
+    data = {
+        "tokens": jax.random.randint(k1, (batch, seq), 0, net.vocab),
+        "targets": jax.random.randint(k2, (batch, seq), 0, net.vocab),
+    }
     boxed = net.init(k3, data["tokens"])["params"]  # leaves are nn.LogicallyPartitioned
 
     def train_step(params, opt_state, batch):
@@ -151,8 +159,10 @@ def main() -> None:
     for name, axes in rules:
         print(f"    ({name!r}, {axes!r}),")
     print("]")
-    print("Flax's logical_to_mesh of these rules gives back the plan's specs:",
-          rules_give_back(plan, logical, rules))  # fmt: skip
+    print(
+        "Flax's logical_to_mesh of these rules gives back the plan's specs:",
+        rules_give_back(plan, logical, rules),
+    )
 
     mesh = make_mesh(goal.mesh)
     shardings = nn.logical_to_mesh_sharding(logical, mesh, rules)

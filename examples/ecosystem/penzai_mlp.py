@@ -23,22 +23,37 @@ def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
     """A pure `train_step(params, opt_state, batch)` of a Penzai MLP classifier with
     optax.adamw, and its random-initialised args (real arrays)."""
     keys = jax.random.split(jax.random.key(seed), 4)
-    model = pz.nn.Sequential([
-        pz.nn.Affine.from_config(name="hidden", init_base_rng=keys[0],
-                                 input_axes={"features": d_in}, output_axes={"hidden": hidden}),
-        pz.nn.Elementwise(jax.nn.gelu),
-        pz.nn.Affine.from_config(name="out", init_base_rng=keys[1],
-                                 input_axes={"hidden": hidden}, output_axes={"classes": classes}),
-    ])  # fmt: skip
+    model = pz.nn.Sequential(
+        [
+            pz.nn.Affine.from_config(
+                name="hidden",
+                init_base_rng=keys[0],
+                input_axes={"features": d_in},
+                output_axes={"hidden": hidden},
+            ),
+            pz.nn.Elementwise(jax.nn.gelu),
+            pz.nn.Affine.from_config(
+                name="out",
+                init_base_rng=keys[1],
+                input_axes={"hidden": hidden},
+                output_axes={"classes": classes},
+            ),
+        ]
+    )
     unbound, values = pz.unbind_params(model, freeze=True)
     axes = {v.label: tuple(v.value.named_axes) for v in values}
     tx = optax.adamw(1e-3)
 
     def bind(params):
-        return pz.bind_variables(unbound, [
-            dataclasses.replace(v, value=pz.nx.wrap(get_path(params, v.label)).tag(*axes[v.label]))
-            for v in values
-        ])  # fmt: skip
+        return pz.bind_variables(
+            unbound,
+            [
+                dataclasses.replace(
+                    v, value=pz.nx.wrap(get_path(params, v.label)).tag(*axes[v.label])
+                )
+                for v in values
+            ],
+        )
 
     def train_step(params, opt_state, batch):
         def loss_fn(p):
@@ -51,8 +66,10 @@ def train_step_and_args(*, d_in=256, hidden=1024, classes=16, batch=64, seed=0):
         return optax.apply_updates(params, updates), opt_state, {"loss": loss}
 
     params = nest_paths({v.label: v.value.unwrap(*axes[v.label]) for v in values})
-    data = {"x": jax.random.normal(keys[2], (batch, d_in)),
-            "y": jax.random.randint(keys[3], (batch,), 0, classes)}  # fmt: skip
+    data = {
+        "x": jax.random.normal(keys[2], (batch, d_in)),
+        "y": jax.random.randint(keys[3], (batch,), 0, classes),
+    }
     return train_step, (params, tx.init(params), data)
 
 

@@ -88,9 +88,14 @@ def case(
     if size != "tiny" and not overrides and model in REALISTIC and REALISTIC[model][0] == size:
         overrides = dict(REALISTIC[model][1])
     return Case(
-        model, size, tuple(mesh.items()), schedule, tuple(sorted(overrides.items())), prune,
+        model,
+        size,
+        tuple(mesh.items()),
+        schedule,
+        tuple(sorted(overrides.items())),
+        prune,
         objective=objective,
-    )  # fmt: skip
+    )
 
 
 def realistic(model: str, mesh: dict[str, int], schedule: str = "natural") -> Case:

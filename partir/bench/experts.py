@@ -55,12 +55,22 @@ def expert_candidates(goal: partir.Goal) -> dict[str, Any]:
 # The expert plan whose strategies are the natural schedule's, where the library has one:
 # (model, mesh rank) -> names to try in order.
 SAME_SCHEDULE: dict[tuple[str, int], tuple[str, ...]] = {
-    ("gpt", 1): ("Z3",), ("gpt", 2): ("BP+MP+Z3",), ("gpt", 3): ("BP+FSDP+MP",),
-    ("mlp", 1): ("Z3",), ("mlp", 2): ("BP+MP+Z3",), ("mlp", 3): ("BP+FSDP+MP",),
-    ("unet", 1): ("Z3",), ("unet", 2): ("BP+MP+Z3",), ("unet", 3): ("BP+FSDP+MP",),
-    ("gns", 1): ("EDGE+Z3",), ("gns", 2): ("EDGE+MP+Z3",), ("gns", 3): ("EDGE+FSDP+MP",),
-    ("moe", 1): ("BP+EP+Z3",), ("moe", 2): ("BP+EP+MP+Z3",), ("moe", 3): ("BP+FSDP+EP+MP",),
-}  # fmt: skip
+    ("gpt", 1): ("Z3",),
+    ("gpt", 2): ("BP+MP+Z3",),
+    ("gpt", 3): ("BP+FSDP+MP",),
+    ("mlp", 1): ("Z3",),
+    ("mlp", 2): ("BP+MP+Z3",),
+    ("mlp", 3): ("BP+FSDP+MP",),
+    ("unet", 1): ("Z3",),
+    ("unet", 2): ("BP+MP+Z3",),
+    ("unet", 3): ("BP+FSDP+MP",),
+    ("gns", 1): ("EDGE+Z3",),
+    ("gns", 2): ("EDGE+MP+Z3",),
+    ("gns", 3): ("EDGE+FSDP+MP",),
+    ("moe", 1): ("BP+EP+Z3",),
+    ("moe", 2): ("BP+EP+MP+Z3",),
+    ("moe", 3): ("BP+FSDP+EP+MP",),
+}
 
 
 def same_schedule_expert(model: str, rank: int, plans: dict[str, Any]) -> str | None:

@@ -47,7 +47,7 @@ def fidelity(case_results: Iterable[dict]) -> dict:
                     "plan": label,
                     "collective_ratio": ratio(
                         x["predicted_collective_bytes"], x["collective_bytes"]
-                    ),  # fmt: skip
+                    ),
                     "peak_memory_ratio": ratio(x["predicted_peak_bytes"], x["peak_bytes"]),
                     "argument_ratio": ratio(x["predicted_argument_bytes"], x["argument_bytes"]),
                     "predicted_collective_bytes": x["predicted_collective_bytes"],

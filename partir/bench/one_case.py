@@ -122,8 +122,13 @@ def run_case(
         for who, g, p in compiled:
             if p is None:
                 continue
-            key = (c.model, c.size, c.overrides, c.mesh, json.dumps(
-                {k: list(v) for k, v in sorted(p.in_shardings.items())}))  # fmt: skip
+            key = (
+                c.model,
+                c.size,
+                c.overrides,
+                c.mesh,
+                json.dumps({k: list(v) for k, v in sorted(p.in_shardings.items())}),
+            )
             try:
                 if xla_cache is not None and key in xla_cache:
                     out["xla"][who] = dict(xla_cache[key], cached=True)

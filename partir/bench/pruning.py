@@ -21,24 +21,41 @@ def _prune_side(r: dict) -> dict:
     if "searched" not in r:
         return {"error": r.get("error")}
     s = r["searched"]
-    return {k: s[k] for k in ("step_time_s", "peak_memory_bytes", "seconds", "episodes",
-                              "episodes_to_best", "seconds_to_best", "actions_after", "pruned",
-                              "fits")}  # fmt: skip
+    return {
+        k: s[k]
+        for k in (
+            "step_time_s",
+            "peak_memory_bytes",
+            "seconds",
+            "episodes",
+            "episodes_to_best",
+            "seconds_to_best",
+            "actions_after",
+            "pruned",
+            "fits",
+        )
+    }
 
 
 def _prune_row(c: Case, on: dict, off: dict) -> dict:
-    row: dict[str, Any] = {"model": c.model, "size": c.size, "mesh": c.mesh_dict,
-                           "schedule": c.schedule,
-                           "memory_limit_bytes": parse_bytes(c.memory_limit),
-                           "cpsat": _prune_side(on), "none": _prune_side(off)}  # fmt: skip
+    row: dict[str, Any] = {
+        "model": c.model,
+        "size": c.size,
+        "mesh": c.mesh_dict,
+        "schedule": c.schedule,
+        "memory_limit_bytes": parse_bytes(c.memory_limit),
+        "cpsat": _prune_side(on),
+        "none": _prune_side(off),
+    }
     a, b = row["cpsat"], row["none"]
     if "error" not in a and "error" not in b:
         row["step_time_ratio"] = ratio(b["step_time_s"], a["step_time_s"])
         row["seconds_ratio"] = ratio(b["seconds"], a["seconds"])
         row["episodes_to_best_ratio"] = ratio(b["episodes_to_best"], a["episodes_to_best"])
     # CP-SAT said no plan fits, yet the unpruned search found one that does
-    row["false_infeasible"] = bool("error" in a and "Infeasible" in str(a["error"])
-                                   and "error" not in b and b["fits"])  # fmt: skip
+    row["false_infeasible"] = bool(
+        "error" in a and "Infeasible" in str(a["error"]) and "error" not in b and b["fits"]
+    )
     return row
 
 
@@ -68,7 +85,8 @@ def run_pruning(
             if progress:
                 progress(f"pruning on / off at a tight limit ({fmt_bytes(limit)}): {c.label}")
             on_t = run_case(ct, programs, xla=False, experts="none")
-            off_t = run_case(dataclasses.replace(ct, prune=None), programs, xla=False,
-                             experts="none")  # fmt: skip
+            off_t = run_case(
+                dataclasses.replace(ct, prune=None), programs, xla=False, experts="none"
+            )
             rows.append(_prune_row(ct, on_t, off_t))
     return rows

@@ -26,8 +26,14 @@ def _x(r: float | None, digits: int = 2) -> str:
 def _case_row(r: dict) -> list[str]:
     e, s, x = r.get("expert"), r.get("searched"), r.get("xla") or {}
     if "error" in r:
-        return [r["model"], r["size"], mesh_text(r["mesh"]), _case_schedule(r),
-                "error: " + r["error"][:60], *["-"] * 12]  # fmt: skip
+        return [
+            r["model"],
+            r["size"],
+            mesh_text(r["mesh"]),
+            _case_schedule(r),
+            "error: " + r["error"][:60],
+            *["-"] * 12,
+        ]
     assert s is not None  # a case without an error has its searched plan
     mark = lambda c: "" if c is None or c["fits"] else " *"  # noqa: E731
     return [
@@ -67,9 +73,25 @@ def _pair(x: dict, key: str) -> str:
     return f"{_bytes(s.get(key))} / {_bytes(e.get(key))}"
 
 
-CASE_COLUMNS = ["model", "size", "mesh", "schedule", "expert", "expert step", "searched step",
-                "ratio", "same-schedule ratio", "expert mem", "searched mem", "search s", "episodes", "XLA coll (s / e)",
-                "XLA peak (s / e)", "XLA coll s / same", "XLA comm time s / same (est.)"]  # fmt: skip
+CASE_COLUMNS = [
+    "model",
+    "size",
+    "mesh",
+    "schedule",
+    "expert",
+    "expert step",
+    "searched step",
+    "ratio",
+    "same-schedule ratio",
+    "expert mem",
+    "searched mem",
+    "search s",
+    "episodes",
+    "XLA coll (s / e)",
+    "XLA peak (s / e)",
+    "XLA coll s / same",
+    "XLA comm time s / same (est.)",
+]
 CASE_CAPTION = (
     "expert = the fastest sharded expert plan within the limit; ratio = searched / expert "
     "estimated step time (< 1: partir is faster; r: the searched plan is the replicated "
@@ -88,37 +110,78 @@ CASE_CAPTION = (
 
 def _scaling_rows(s: dict) -> list[list[str]]:
     return [
-        [str(r["layers"]), "scan" if r.get("scan") else "list", str(r.get("ops", "-")),
-         _x(r.get("trace_seconds")),
-         "yes" if r.get("proxy") else "no", _x(r.get("seconds")),
-         _x(r.get("full_program_seconds")), _x(r.get("searching_seconds")),
-         _x(r.get("mcts_seconds")), str(r.get("episodes", "-")), _x(r.get("time_ratio")),
-         _x(r.get("searching_ratio")), _x(r.get("mcts_ratio")),
-         _x(r.get("ops_ratio")), _x(r.get("ratio_to_expert"))]
+        [
+            str(r["layers"]),
+            "scan" if r.get("scan") else "list",
+            str(r.get("ops", "-")),
+            _x(r.get("trace_seconds")),
+            "yes" if r.get("proxy") else "no",
+            _x(r.get("seconds")),
+            _x(r.get("full_program_seconds")),
+            _x(r.get("searching_seconds")),
+            _x(r.get("mcts_seconds")),
+            str(r.get("episodes", "-")),
+            _x(r.get("time_ratio")),
+            _x(r.get("searching_ratio")),
+            _x(r.get("mcts_ratio")),
+            _x(r.get("ops_ratio")),
+            _x(r.get("ratio_to_expert")),
+        ]
         for r in s["rows"]
-    ]  # fmt: skip
+    ]
 
 
-SCALING_COLUMNS = ["layers", "as", "ops", "trace s", "proxy", "search s", "of it full program s",
-                   "of it searching s", "MCTS s", "episodes", "search time ratio",
-                   "searching ratio", "MCTS time ratio", "ops ratio",
-                   "step ratio to same-schedule expert"]  # fmt: skip
+SCALING_COLUMNS = [
+    "layers",
+    "as",
+    "ops",
+    "trace s",
+    "proxy",
+    "search s",
+    "of it full program s",
+    "of it searching s",
+    "MCTS s",
+    "episodes",
+    "search time ratio",
+    "searching ratio",
+    "MCTS time ratio",
+    "ops ratio",
+    "step ratio to same-schedule expert",
+]
 
 
 def _fidelity_summary_rows(f: dict) -> list[list[str]]:
     rows = []
-    for what, key in (("collective bytes", "collectives"), ("peak memory", "peak_memory"),
-                      ("argument memory", "argument_memory")):  # fmt: skip
+    for what, key in (
+        ("collective bytes", "collectives"),
+        ("peak memory", "peak_memory"),
+        ("argument memory", "argument_memory"),
+    ):
         s = f[key]
         worst = s.get("worst") or {}
-        rows.append([what, str(s["plans"]), _x(s.get("geomean"), 3), _x(s.get("mean"), 3),
-                     str(s.get("within_5pct", "-")), _x(worst.get("ratio"), 3),
-                     worst.get("plan", "-")])  # fmt: skip
+        rows.append(
+            [
+                what,
+                str(s["plans"]),
+                _x(s.get("geomean"), 3),
+                _x(s.get("mean"), 3),
+                str(s.get("within_5pct", "-")),
+                _x(worst.get("ratio"), 3),
+                worst.get("plan", "-"),
+            ]
+        )
     return rows
 
 
-FIDELITY_COLUMNS = ["predicted / XLA", "plans", "geomean", "mean", "within 5%", "worst",
-                    "worst plan"]  # fmt: skip
+FIDELITY_COLUMNS = [
+    "predicted / XLA",
+    "plans",
+    "geomean",
+    "mean",
+    "within 5%",
+    "worst",
+    "worst plan",
+]
 
 
 def _pruning_rows(rows: list[dict]) -> list[list[str]]:
@@ -132,28 +195,55 @@ def _pruning_rows(rows: list[dict]) -> list[list[str]]:
             note = "FALSE INFEASIBLE: " if r.get("false_infeasible") else ""
             rest = ("-",) * 7
             if "error" not in off:
-                rest = ("-", str(off["actions_after"]), f"- / {off['episodes_to_best']}",
-                        f"- / {off['seconds_to_best']:.2f}", f"- / {off['seconds']:.2f}", "-",
-                        "-")  # fmt: skip
+                rest = (
+                    "-",
+                    str(off["actions_after"]),
+                    f"- / {off['episodes_to_best']}",
+                    f"- / {off['seconds_to_best']:.2f}",
+                    f"- / {off['seconds']:.2f}",
+                    "-",
+                    "-",
+                )
             err = str(err).split(": ", 1)[-1]
-            out.append([*head, f"{note}{who}: {err[:48]}", *rest[1:],
-                        "-" if "error" in off else ("yes" if off["fits"] else "no")])  # fmt: skip
+            out.append(
+                [
+                    *head,
+                    f"{note}{who}: {err[:48]}",
+                    *rest[1:],
+                    "-" if "error" in off else ("yes" if off["fits"] else "no"),
+                ]
+            )
             continue
-        out.append([
-            *head,
-            f"{on['actions_after']} ({on['pruned']} pruned)", str(off["actions_after"]),
-            f"{on['episodes_to_best']} / {off['episodes_to_best']}",
-            f"{on['seconds_to_best']:.2f} / {off['seconds_to_best']:.2f}",
-            f"{on['seconds']:.2f} / {off['seconds']:.2f}",
-            _x(r.get("seconds_ratio")), _x(r.get("step_time_ratio"), 3),
-            ("yes" if on["fits"] else "no") + " / " + ("yes" if off["fits"] else "no"),
-        ])  # fmt: skip
+        out.append(
+            [
+                *head,
+                f"{on['actions_after']} ({on['pruned']} pruned)",
+                str(off["actions_after"]),
+                f"{on['episodes_to_best']} / {off['episodes_to_best']}",
+                f"{on['seconds_to_best']:.2f} / {off['seconds_to_best']:.2f}",
+                f"{on['seconds']:.2f} / {off['seconds']:.2f}",
+                _x(r.get("seconds_ratio")),
+                _x(r.get("step_time_ratio"), 3),
+                ("yes" if on["fits"] else "no") + " / " + ("yes" if off["fits"] else "no"),
+            ]
+        )
     return out
 
 
-PRUNING_COLUMNS = ["model", "size", "mesh", "limit", "actions (cpsat)", "actions (none)",
-                   "episodes to best (cpsat / none)", "s to best", "search s",
-                   "time off / on", "step off / on", "fits"]  # fmt: skip
+PRUNING_COLUMNS = [
+    "model",
+    "size",
+    "mesh",
+    "limit",
+    "actions (cpsat)",
+    "actions (none)",
+    "episodes to best (cpsat / none)",
+    "s to best",
+    "search s",
+    "time off / on",
+    "step off / on",
+    "fits",
+]
 
 
 def losses(result: dict) -> list[dict]:
@@ -179,12 +269,17 @@ def anomalies(result: dict) -> list[str]:
         if r["schedule"] == "natural":
             batched = _batched_axes(r)
             inputs = GNS_EDGE_INPUTS if r["model"] == "gns" else None
-            dim0 = [_first_entry(spec) for pat, spec in r["searched"]["rules"]
-                    if pat.startswith("batch/") and (inputs is None or pat in inputs)]  # fmt: skip
+            dim0 = [
+                _first_entry(spec)
+                for pat, spec in r["searched"]["rules"]
+                if pat.startswith("batch/") and (inputs is None or pat in inputs)
+            ]
             for axis in batched:
                 if not any(repr(axis) in entry for entry in dim0):
-                    out.append(f"{name}: the schedule batches on {axis!r} but the plan tiles no "
-                               f"data input on it")  # fmt: skip
+                    out.append(
+                        f"{name}: the schedule batches on {axis!r} but the plan tiles no "
+                        f"data input on it"
+                    )
     for row in result.get("pruning") or []:
         if row.get("false_infeasible"):
             out.append(
@@ -243,20 +338,31 @@ def print_tables(result: dict, file=None) -> None:
             t.add_row(*row)
         console.print(t)
 
-    title = f"partir bench{' --quick' if result['quick'] else ''}: searched plans against " \
-            f"expert plans ({result['device']}, limit {result['memory_limit']})"  # fmt: skip
+    title = (
+        f"partir bench{' --quick' if result['quick'] else ''}: searched plans against "
+        f"expert plans ({result['device']}, limit {result['memory_limit']})"
+    )
     table(title, CASE_COLUMNS, [_case_row(r) for r in result["cases"]], CASE_CAPTION)
     if result.get("scaling"):
         s = result["scaling"]
-        table(f"scaling: gpt d_model={s['size']['d_model']} on {mesh_text(s['mesh'])} "
-              f"({s['strategies']})", SCALING_COLUMNS, _scaling_rows(s))  # fmt: skip
-    table("fidelity: cost model / XLA, per device", FIDELITY_COLUMNS,
-          _fidelity_summary_rows(result["fidelity"]))  # fmt: skip
+        table(
+            f"scaling: gpt d_model={s['size']['d_model']} on {mesh_text(s['mesh'])} "
+            f"({s['strategies']})",
+            SCALING_COLUMNS,
+            _scaling_rows(s),
+        )
+    table(
+        "fidelity: cost model / XLA, per device",
+        FIDELITY_COLUMNS,
+        _fidelity_summary_rows(result["fidelity"]),
+    )
     if result.get("pruning"):
         table("CP-SAT pruning on / off", PRUNING_COLUMNS, _pruning_rows(result["pruning"]))
     lost = losses(result)
-    console.print(f"{len(lost)} of {sum(1 for r in result['cases'] if 'ratio' in r)} cases "
-                  f"slower than the best expert; {result['wall_seconds']:.0f} s in all")  # fmt: skip
+    console.print(
+        f"{len(lost)} of {sum(1 for r in result['cases'] if 'ratio' in r)} cases "
+        f"slower than the best expert; {result['wall_seconds']:.0f} s in all"
+    )
 
 
 def _md_table(columns: list[str], rows: list[list[str]]) -> str:
@@ -315,9 +421,14 @@ def markdown(result: dict) -> str:
             )
     else:
         parts.append("- nowhere: every searched plan is at least as fast as the best expert.")
-    rep = [r for r in result["cases"] if r.get("replicated") and "searched" in r
-           and r["replicated"]["fits"]
-           and r["replicated"]["step_time_s"] < r["searched"]["step_time_s"] * (1 - 1e-9)]  # fmt: skip
+    rep = [
+        r
+        for r in result["cases"]
+        if r.get("replicated")
+        and "searched" in r
+        and r["replicated"]["fits"]
+        and r["replicated"]["step_time_s"] < r["searched"]["step_time_s"] * (1 - 1e-9)
+    ]
     if rep:
         parts += [
             "",
@@ -374,7 +485,7 @@ def markdown(result: dict) -> str:
                 ]
                 for r in f["rows"]
             ],
-        ),  # fmt: skip
+        ),
         "",
     ]
     if result.get("pruning"):

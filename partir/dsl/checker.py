@@ -49,8 +49,17 @@ CONSTRAINTS = {"honour": True, "honor": True, "ignore": False}
 SEARCHES = ("mcts",)
 ROLLOUTS = ("greedy", "random")
 # statements that may appear once
-SINGLE = ("program", "inputs", "mesh", "device", "memory", "objective", "search", "prune",
-          "constraints")  # fmt: skip
+SINGLE = (
+    "program",
+    "inputs",
+    "mesh",
+    "device",
+    "memory",
+    "objective",
+    "search",
+    "prune",
+    "constraints",
+)
 REQUIRED = {
     "program": 'program "module:function"',
     "inputs": 'inputs "module:function"(name=value, ...)',
@@ -67,6 +76,7 @@ DEVICE_FIELDS = {  # field -> (kinds it takes, an example)
 }
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENT}(\.{_IDENT})*")
+
 
 def parse(text: str, filename: str = "<text>") -> GoalSpec:
     """Parse and check a goal file's text; raises `GoalError` (FILE:LINE:COL: error: ...)."""
@@ -539,7 +549,12 @@ class _Builder:
     def search_arg(self, key: str, value: Literal, pos: Pos) -> Any:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if key == "seconds":
-            if not number or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            if (
+                not number
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
                 raise self.error(pos, f"seconds must be a positive number, not {_show(value)}")
             return float(value)
         if key in ("episodes", "patience"):
@@ -608,8 +623,16 @@ def _show(value: Any) -> str:
 
 def _gib(n: int) -> str:
     """A byte count in the unit that writes it best: 32 GiB, 80 GB, 41.2 GiB."""
-    units = (("TiB", 2**40), ("GiB", 2**30), ("TB", 10**12), ("GB", 10**9), ("MiB", 2**20),
-             ("MB", 10**6), ("KiB", 2**10), ("KB", 10**3))  # fmt: skip
+    units = (
+        ("TiB", 2**40),
+        ("GiB", 2**30),
+        ("TB", 10**12),
+        ("GB", 10**9),
+        ("MiB", 2**20),
+        ("MB", 10**6),
+        ("KiB", 2**10),
+        ("KB", 10**3),
+    )
     if n < 2**30:
         for unit, size in units[4:]:
             if n >= size and n % size == 0:

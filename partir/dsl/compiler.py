@@ -297,14 +297,18 @@ def _check_manual_pair(spec: GoalSpec, path: str, first: ManualSpec, m: ManualSp
         return
     line = first.path_pos.line
     if isinstance(a, Tile) and isinstance(b, Tile):
-        why = (f"'{path}' is already tiled on '{b.axis}' along dim {a.dim} (line {line}); "
-               "a mesh axis tiles one dim of an input")  # fmt: skip
+        why = (
+            f"'{path}' is already tiled on '{b.axis}' along dim {a.dim} (line {line}); "
+            "a mesh axis tiles one dim of an input"
+        )
     elif isinstance(b, Replicate) and isinstance(a, Replicate):
         return
     else:
         other = "tile" if isinstance(a, Tile) else "replicate"
-        why = (f"'{path}' is both tiled and replicated on '{b.axis}' (the {other} statement "
-               f"is at line {line}); keep one of them")  # fmt: skip
+        why = (
+            f"'{path}' is both tiled and replicated on '{b.axis}' (the {other} statement "
+            f"is at line {line}); keep one of them"
+        )
     raise spec.error(m.axis_pos, why)
 
 

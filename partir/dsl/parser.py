@@ -13,8 +13,20 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from partir.dsl.errors import GoalError, Pos, Source
 from partir.ir.messages import one_of
 
-STATEMENTS = ("program", "inputs", "mesh", "device", "memory", "objective", "axis", "tile",
-              "replicate", "search", "prune", "constraints")  # fmt: skip
+STATEMENTS = (
+    "program",
+    "inputs",
+    "mesh",
+    "device",
+    "memory",
+    "objective",
+    "axis",
+    "tile",
+    "replicate",
+    "search",
+    "prune",
+    "constraints",
+)
 
 
 # ------------------------------------------------------------------------------ records
@@ -189,10 +201,19 @@ class ConstraintsStatement:
 
 
 Statement = (
-    ProgramStatement | InputsStatement | MeshStatement | DeviceStatement | MemoryStatement
-    | ObjectiveStatement | AxisStatement | TileStatement | ReplicateStatement
-    | SearchStatement | PruneStatement | ConstraintsStatement
-)  # fmt: skip
+    ProgramStatement
+    | InputsStatement
+    | MeshStatement
+    | DeviceStatement
+    | MemoryStatement
+    | ObjectiveStatement
+    | AxisStatement
+    | TileStatement
+    | ReplicateStatement
+    | SearchStatement
+    | PruneStatement
+    | ConstraintsStatement
+)
 
 
 class _ToRecords(Transformer):
@@ -432,8 +453,12 @@ def _usage_hint(e: UnexpectedInput) -> str | None:
 
 @functools.cache
 def _terminal_words() -> dict[str, str]:
-    words = {"NAME": "a name", "STRING": 'a "string"', "NUMBER": "a number",
-             "$END": "the end of the file"}  # fmt: skip
+    words = {
+        "NAME": "a name",
+        "STRING": 'a "string"',
+        "NUMBER": "a number",
+        "$END": "the end of the file",
+    }
     for t in _lark().terminals:
         if t.name not in words and t.pattern.type == "str":
             words[t.name] = f"'{t.pattern.value}'"

@@ -89,13 +89,16 @@ def _pin(
         kept: list[str] = []
         for axis in axes:
             if axis not in mesh:
-                problems.append(f"{_name(op)}: mesh axis {axis!r} is not in the goal mesh "
-                                f"{dict(mesh)}")  # fmt: skip
+                problems.append(
+                    f"{_name(op)}: mesh axis {axis!r} is not in the goal mesh {dict(mesh)}"
+                )
                 continue
             n = math.prod(mesh[a] for a in kept + [axis])
             if shape[dim] % n:
-                problems.append(f"{_name(op)}: dim {dim} of size {shape[dim]} is not "
-                                f"divisible by {n} (mesh axes {tuple(kept + [axis])})")  # fmt: skip
+                problems.append(
+                    f"{_name(op)}: dim {dim} of size {shape[dim]} is not "
+                    f"divisible by {n} (mesh axes {tuple(kept + [axis])})"
+                )
                 continue
             kept.append(axis)
         decisions += [

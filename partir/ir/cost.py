@@ -30,16 +30,42 @@ from partir.ir.devices import Device
 from partir.ir.messages import fmt_bytes, fmt_seconds
 from partir.ir.program import Program
 from partir.ir.propagate import Axes, Propagator, Sharding, State, join_axes, split_axes
+from partir.ir.resharding import local_size, reshard
 from partir.ir.rules import Kind
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _NO_FLOPS = {
-    "_link", "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "slice",
-    "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "copy_p",
-    "convert_element_type", "iota", "gather", "split", "sharding_constraint", "name",
-    "optimization_barrier", "bitcast_convert_type", "stop_gradient", "stack", "unstack", "reshard",
-    "mesh_cast", "random_wrap", "random_unwrap", "random_clone",
-}  # fmt: skip
+    "_link",
+    "broadcast_in_dim",
+    "reshape",
+    "transpose",
+    "squeeze",
+    "expand_dims",
+    "slice",
+    "dynamic_slice",
+    "dynamic_update_slice",
+    "concatenate",
+    "pad",
+    "rev",
+    "copy",
+    "copy_p",
+    "convert_element_type",
+    "iota",
+    "gather",
+    "split",
+    "sharding_constraint",
+    "name",
+    "optimization_barrier",
+    "bitcast_convert_type",
+    "stop_gradient",
+    "stack",
+    "unstack",
+    "reshard",
+    "mesh_cast",
+    "random_wrap",
+    "random_unwrap",
+    "random_clone",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +124,11 @@ class Cost:
     def from_dict(cls, d: Mapping) -> Cost:
         d = dict(d)
         d["collectives"] = [
-            Collective(c["kind"], tuple(c["axes"]), c["bytes"], c.get("source", ""),
-                       c.get("count", 1))
+            Collective(
+                c["kind"], tuple(c["axes"]), c["bytes"], c.get("source", ""), c.get("count", 1)
+            )
             for c in d["collectives"]
-        ]  # fmt: skip
+        ]
         return cls(**d)
 
     def __str__(self) -> str:
@@ -171,9 +198,10 @@ class CostModel:
         # links from a carried output to its input: the step returns the state resharded
         # to how it came in, and that buffer is an output (live to the end)
         self._state_links = {
-            i for i, op in enumerate(prog.ops)
+            i
+            for i, op in enumerate(prog.ops)
             if op.primitive == "_link" and op.params.get("kind") == "state"
-        }  # fmt: skip
+        }
 
     # -- memory -----------------------------------------------------------------------
 
@@ -228,14 +256,26 @@ class CostModel:
             op = self.program.ops[i]
             full = [s or ((),) * len(self.prop.shapes[v]) for v, s in zip(vids, key[1])]
             c = self._drop_trivial(self._op_cost(op, full))
-            template = self._templates[key] = OpCost(c.flops, c.bytes, tuple(
-                (k, axes, n, None if r is None else (vids.index(r[0]),) + r[1:])
-                for k, axes, n, r in c.collectives), c.partial)  # fmt: skip
+            template = self._templates[key] = OpCost(
+                c.flops,
+                c.bytes,
+                tuple(
+                    (k, axes, n, None if r is None else (vids.index(r[0]),) + r[1:])
+                    for k, axes, n, r in c.collectives
+                ),
+                c.partial,
+            )
         if not template.collectives or not _moves_operands(template):
             return template
-        return OpCost(template.flops, template.bytes, tuple(
-            (k, axes, n, None if r is None else (vids[r[0]],) + r[1:])
-            for k, axes, n, r in template.collectives), template.partial)  # fmt: skip
+        return OpCost(
+            template.flops,
+            template.bytes,
+            tuple(
+                (k, axes, n, None if r is None else (vids[r[0]],) + r[1:])
+                for k, axes, n, r in template.collectives
+            ),
+            template.partial,
+        )
 
     def slices_an_input_to_reduce(self, i: int, state: State) -> bool:
         """Whether op `i` leaves a partial sum along a factor that one of its operands, an
@@ -248,19 +288,23 @@ class CostModel:
         shardings = [state.shardings.get(v) or ((),) * len(self.prop.shapes[v]) for v in vids]
         tensors = self.prop.tensors(i)
         n_in = sum(1 for v in self.program.ops[i].inputs if v is not None)
-        return bool(self._reductions_uncut(self.program.ops[i].rule, tensors[:n_in],
-                                           shardings[:n_in]))  # fmt: skip
+        return bool(
+            self._reductions_uncut(self.program.ops[i].rule, tensors[:n_in], shardings[:n_in])
+        )
 
     def _op_kinds(self) -> list[int]:
         """Per op, what its cost depends on besides the shardings: its propagation kind,
         primitive, and per tensor the item size, whether it is free and whether it is a
         buffer, numbered (a small int hashes faster in the template keys)."""
-        sizes = [(v.itemsize, k in self.free, self._stored[k])
-                 for k, v in enumerate(self.program.values)]  # fmt: skip
+        sizes = [
+            (v.itemsize, k in self.free, self._stored[k]) for k, v in enumerate(self.program.values)
+        ]
         size = sizes.__getitem__
         number: dict[tuple, int] = {}
-        return [number.setdefault((kind, op.primitive, tuple(map(size, vids))), len(number))
-                for op, kind, vids in zip(self.program.ops, self.prop.kinds, self.prop.vids)]  # fmt: skip
+        return [
+            number.setdefault((kind, op.primitive, tuple(map(size, vids))), len(number))
+            for op, kind, vids in zip(self.program.ops, self.prop.kinds, self.prop.vids)
+        ]
 
     def execution_shardings(self, i: int, state: State) -> dict[int, Sharding]:
         """The shardings op `i`'s operands are resharded to before it runs, by value id;
@@ -366,8 +410,14 @@ class CostModel:
                             colls.append(("all-reduce", rest, size, None))
                 # a factor the op is cut along that the result dim cannot show (the minor
                 # factor of a merged dim, its major one whole) is gathered to make the result
-                lost = tuple(a for fs in dims for f in fs if f in fa for a in fa[f]
-                             if not any(a in axes for axes in want))  # fmt: skip
+                lost = tuple(
+                    a
+                    for fs in dims
+                    for f in fs
+                    if f in fa
+                    for a in fa[f]
+                    if not any(a in axes for axes in want)
+                )
                 if lost and v not in free:
                     colls.append(("all-gather", lost, local_size(shape, cur, mesh) * item, None))
                 colls += [c + (None,) for c in reshard(shape, item, cur, s, mesh)]
@@ -386,10 +436,19 @@ class CostModel:
             elif op.primitive == "conv_general_dilated":
                 flops = _conv_flops(op, local)
             else:
-                flops = float(max(
-                    (local_size(prop.shapes[v], tuple(join_axes(fs, fa, rule.sizes, mesh)
-                                                       for fs in dims), mesh)
-                     for v, dims in tensors), default=0))  # fmt: skip
+                flops = float(
+                    max(
+                        (
+                            local_size(
+                                prop.shapes[v],
+                                tuple(join_axes(fs, fa, rule.sizes, mesh) for fs in dims),
+                                mesh,
+                            )
+                            for v, dims in tensors
+                        ),
+                        default=0,
+                    )
+                )
         return OpCost(flops, nbytes, tuple(colls), unreduced)
 
     def _reductions_uncut(self, rule, operands, shardings: list[Sharding]) -> set[int]:
@@ -402,8 +461,15 @@ class CostModel:
             if not self.is_input[v]:
                 continue
             for d, fs in enumerate(dims):
-                on = {f for f, axes in split_axes(s[d], fs, rule.sizes, mesh)
-                      if any(mesh[a] > 1 for a in axes)} if s[d] else set()  # fmt: skip
+                on = (
+                    {
+                        f
+                        for f, axes in split_axes(s[d], fs, rule.sizes, mesh)
+                        if any(mesh[a] > 1 for a in axes)
+                    }
+                    if s[d]
+                    else set()
+                )
                 uncut.update(f for f in fs if rule.kinds[f] is Kind.REDUCTION and f not in on)
         return uncut
 
@@ -588,63 +654,6 @@ def _source(op) -> str:
     if op.primitive == "_link":
         return f"{op.params['kind']} link (op {op.index})"
     return f"{op.primitive} (op {op.index}){where}"
-
-
-def local_size(shape, sharding: Sequence[Axes], mesh: Mapping[str, int]) -> int:
-    n = math.prod(shape)
-    for axes in sharding:
-        for a in axes:
-            n //= mesh[a]
-    return n
-
-
-def reshard(shape, itemsize: int, src: Sharding, dst: Sharding, mesh) -> list:
-    """Collectives that turn `src` into `dst`: gather the axes `dst` drops, all-to-all the
-    axes that move to another dim, then slice locally (free); where every dim is cut into
-    as many tiles on both sides, one collective-permute. Axes of size 1 cut nothing: they
-    are left out before comparing."""
-    if src == dst:
-        return []
-    src, dst = _cutting(src, mesh), _cutting(dst, mesh)
-    if src == dst:
-        return []
-    cuts = [
-        (math.prod(mesh[a] for a in s), math.prod(mesh[a] for a in t)) for s, t in zip(src, dst)
-    ]
-    if all(a == b for a, b in cuts):
-        # the same tiles on other devices (a dim cut on x re-cut on y of x's size): XLA
-        # sends each device's tile where it is needed, one collective-permute
-        moved = [a for s, t in zip(src, dst) if s != t for a in (*s, *t)]
-        return [("collective-permute", tuple(dict.fromkeys(moved)),
-                 local_size(shape, src, mesh) * itemsize)]  # fmt: skip
-    where = {a: d for d, axes in enumerate(dst) for a in axes}
-    kept: list[Axes] = []
-    moving: list[tuple[str, int]] = []
-    for d, (s, t) in enumerate(zip(src, dst)):
-        k = 0
-        while k < len(s) and k < len(t) and s[k] == t[k]:
-            k += 1
-        kept.append(s[:k])
-        moving += [(a, d) for a in s[k:]]
-    if not moving:
-        return []
-    gather = tuple(a for a, _ in moving if a not in where)
-    move = [(a, d) for a, d in moving if a in where]
-    out = []
-    if gather:
-        after = [k + tuple(a for a, dd in move if dd == d) for d, k in enumerate(kept)]
-        out.append(("all-gather", gather, local_size(shape, after, mesh) * itemsize))
-    if move:
-        after = [k + tuple(a for a, dd in move if dd == d) for d, k in enumerate(kept)]
-        out.append(
-            ("all-to-all", tuple(a for a, _ in move), local_size(shape, after, mesh) * itemsize)
-        )
-    return out
-
-
-def _cutting(sharding: Sharding, mesh) -> Sharding:
-    """`sharding` without its mesh axes of size 1."""
-    return tuple(tuple(a for a in axes if mesh[a] > 1) for axes in sharding)
 
 
 def _conv_flops(op, local: list[int]) -> float:

@@ -81,9 +81,13 @@ class JaxprWalker:
     passes through to `equation` untouched (the tracer's loop multiplicity and scope)."""
 
     def run(
-        self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], prefix: tuple = (),
+        self,
+        jaxpr: Any,
+        consts: Sequence[Any],
+        args: Sequence[Any],
+        prefix: tuple = (),
         **context: Any,
-    ) -> list:  # fmt: skip
+    ) -> list:
         env: dict[Any, Any] = {}
         for var, c in zip(jaxpr.constvars, consts):
             env[var] = self.constant(c)

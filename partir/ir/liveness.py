@@ -32,24 +32,67 @@ import numpy as np
 from partir.ir.program import Program
 from partir.ir.rules import POINTWISE
 
-LAYOUT = frozenset((
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "rev", "slice", "iota",
-    "convert_element_type", "copy", "copy_p", "empty",
-))  # fmt: skip
+LAYOUT = frozenset(
+    (
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "transpose",
+        "rev",
+        "slice",
+        "iota",
+        "convert_element_type",
+        "copy",
+        "copy_p",
+        "empty",
+    )
+)
 _NOT_FUSED = frozenset(("sharding_constraint", "reshard", "mesh_cast", "optimization_barrier"))
 # ops whose one result XLA computes inside its reader's kernel
 FUSIBLE = (frozenset(POINTWISE) | LAYOUT) - _NOT_FUSED
 # ops that take fused producers as their inputs (loop and input fusion)
-FUSES_INPUTS = FUSIBLE | frozenset((
-    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
-    "argmax", "argmin",
-))  # fmt: skip
+FUSES_INPUTS = FUSIBLE | frozenset(
+    (
+        "reduce_sum",
+        "reduce_max",
+        "reduce_min",
+        "reduce_prod",
+        "reduce_and",
+        "reduce_or",
+        "argmax",
+        "argmin",
+    )
+)
 # pointwise ops XLA does not duplicate into several readers (transcendentals, division)
-EXPENSIVE = frozenset((
-    "exp", "exp2", "expm1", "log", "log1p", "log2", "logistic", "tanh", "div", "rem", "pow",
-    "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2", "lgamma", "digamma",
-    "integer_pow",
-))  # fmt: skip
+EXPENSIVE = frozenset(
+    (
+        "exp",
+        "exp2",
+        "expm1",
+        "log",
+        "log1p",
+        "log2",
+        "logistic",
+        "tanh",
+        "div",
+        "rem",
+        "pow",
+        "sqrt",
+        "rsqrt",
+        "cbrt",
+        "erf",
+        "erfc",
+        "erf_inv",
+        "sin",
+        "cos",
+        "tan",
+        "atan2",
+        "lgamma",
+        "digamma",
+        "integer_pow",
+    )
+)
 # link kinds whose outer value the loop body reads on every iteration
 _READ_IN_BODY = frozenset(("const", "xs", "operand"))
 
@@ -124,8 +167,9 @@ def analyse(program: Program, operands: Sequence[Sequence[int]], *, donate: bool
         rs = readers[v]
         if v in free or is_output[v] or not rs or len(rs) > 1 and op.primitive in EXPENSIVE:
             continue
-        if all(ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity
-               for r in rs):  # fmt: skip
+        if all(
+            ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity for r in rs
+        ):
             fused.add(v)
             position[i] = max(position[r] for r in rs)
 

@@ -33,6 +33,7 @@ from partir.ir.messages import first_line
 
 Path = str
 
+
 @dataclasses.dataclass(frozen=True)
 class Value:
     """One array in the program: its id, global shape and dtype."""
@@ -161,8 +162,9 @@ def leaf_paths(prefix: str, keypaths: Sequence[Sequence[Any]]) -> list[Path]:
     alike = {p for p, n in Counter(paths).items() if n > 1}
     if not alike:
         return paths
-    paths = [path_str(prefix, kp, quote=True) if p in alike else p
-             for p, kp in zip(paths, keypaths)]  # fmt: skip
+    paths = [
+        path_str(prefix, kp, quote=True) if p in alike else p for p, kp in zip(paths, keypaths)
+    ]
     seen: Counter[str] = Counter()
     out = []
     for p in paths:
@@ -234,9 +236,15 @@ class _Builder(JaxprWalker):
         scope: str = "",
     ) -> Op:
         op = Op(
-            len(self.ops), primitive, tuple(inputs), tuple(outputs), params, multiplicity, source,
+            len(self.ops),
+            primitive,
+            tuple(inputs),
+            tuple(outputs),
+            params,
+            multiplicity,
+            source,
             scope=scope,
-        )  # fmt: skip
+        )
         self.ops.append(op)
         return op
 
@@ -248,9 +256,15 @@ class _Builder(JaxprWalker):
         return self.new_value(jax.ShapeDtypeStruct(np.shape(x), x.dtype))
 
     def run(  # type: ignore[override]  # the walker's **context is always mult (and scope) here
-        self, jaxpr: Any, consts: Sequence[Any], args: Sequence[int | None], prefix: tuple = (),
-        *, mult: int, scope: str = "",
-    ) -> list[int]:  # fmt: skip
+        self,
+        jaxpr: Any,
+        consts: Sequence[Any],
+        args: Sequence[int | None],
+        prefix: tuple = (),
+        *,
+        mult: int,
+        scope: str = "",
+    ) -> list[int]:
         """Emit the ops of `jaxpr` with its invars bound to `args`; return the outvar ids.
         Each equation's outputs are recorded under its key (`ir/jaxpr_walk.py`). `scope` is
         the name stack of the equation that holds `jaxpr` (its own is relative)."""
@@ -270,7 +284,9 @@ class _Builder(JaxprWalker):
         self.eqn_outputs[key] = outs
         return outs
 
-    def _emit(self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str) -> list[int]:
+    def _emit(
+        self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str
+    ) -> list[int]:
         name = eqn.primitive.name
         inlined = inlined_jaxpr(eqn)
         if inlined is not None:
@@ -354,7 +370,9 @@ class _Builder(JaxprWalker):
         for b, branch in enumerate(eqn.params["branches"]):
             jaxpr, consts = open_jaxpr(branch)
             bound = self._bind_inputs(ins[1:], [v.aval for v in jaxpr.invars], "operand", mult)
-            for out, res in zip(self.run(jaxpr, consts, bound, key + (b,), mult=mult, scope=scope), outs):
+            for out, res in zip(
+                self.run(jaxpr, consts, bound, key + (b,), mult=mult, scope=scope), outs
+            ):
                 self.link(out, res, "branch", mult)
         return outs
 

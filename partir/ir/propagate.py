@@ -105,9 +105,14 @@ def attach_rules(program: Program) -> None:
             op.rule = same[key]
             continue
         op.rule = rule_for(
-            op.primitive, ins, outs, op.params,
-            where=op.location, count=counts[op.primitive], warned=warned,
-        )  # fmt: skip
+            op.primitive,
+            ins,
+            outs,
+            op.params,
+            where=op.location,
+            count=counts[op.primitive],
+            warned=warned,
+        )
         if key is not None:
             same[key] = op.rule
 

@@ -41,8 +41,9 @@ def to_sharding(spec: PartitionSpec | Iterable | None, rank: int) -> Sharding:
 
 
 def to_spec(sharding: Sharding) -> PartitionSpec:
-    entries = [None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
-               for axes in sharding]  # fmt: skip
+    entries = [
+        None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in sharding
+    ]
     return PartitionSpec(*entries)
 
 
@@ -51,8 +52,9 @@ def spec_to_json(sharding: Sharding) -> list:
 
 
 def spec_from_json(entries: list) -> Sharding:
-    return to_sharding(PartitionSpec(*[tuple(e) if isinstance(e, list) else e
-                                       for e in entries]), len(entries))  # fmt: skip
+    return to_sharding(
+        PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in entries]), len(entries)
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -99,9 +101,7 @@ def _match(pat: tuple[str, ...], parts: tuple[str, ...]) -> bool:
 V = TypeVar("V")
 
 
-def resolve(
-    rules: Mapping[str, V], paths: Iterable[str], *, strict: bool = True
-) -> dict[str, V]:
+def resolve(rules: Mapping[str, V], paths: Iterable[str], *, strict: bool = True) -> dict[str, V]:
     """{path: value} for the paths some rule matches; the first matching rule wins.
 
     With `strict`, a rule that matches no path is an error that names the closest paths.

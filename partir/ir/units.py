@@ -16,9 +16,16 @@ from partir.ir.messages import did_you_mean
 
 COUNT = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 SIZE = {
-    "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-}  # fmt: skip
+    "B": 1,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
 TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 RATE = {f"{u}/s": f for u, f in [("", 1), *COUNT.items(), *SIZE.items()]}
 UNITS = [*COUNT, *SIZE, *TIME, *RATE]
@@ -44,8 +51,13 @@ class Quantity:
     is_int: bool  # written as an integer and scaled by an integer factor
 
     def describe(self) -> str:
-        return {"number": "a plain number", "count": "a count", "size": "a size",
-                "rate": "a rate", "time": "a time"}[self.kind]  # fmt: skip
+        return {
+            "number": "a plain number",
+            "count": "a count",
+            "size": "a size",
+            "rate": "a rate",
+            "time": "a time",
+        }[self.kind]
 
 
 def read(text: str) -> Quantity:

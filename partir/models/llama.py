@@ -43,17 +43,49 @@ from partir.models._common import (
 from partir.models.gpt import cross_entropy
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"layers": 2, "d_model": 64, "heads": 8, "kv_heads": 4, "d_ff": 128,
-             "seq": 16, "batch": 8, "vocab": 128},
-    "small": {"layers": 8, "d_model": 256, "heads": 8, "kv_heads": 4, "d_ff": 768,
-              "seq": 128, "batch": 16, "vocab": 1024},
+    "tiny": {
+        "layers": 2,
+        "d_model": 64,
+        "heads": 8,
+        "kv_heads": 4,
+        "d_ff": 128,
+        "seq": 16,
+        "batch": 8,
+        "vocab": 128,
+    },
+    "small": {
+        "layers": 8,
+        "d_model": 256,
+        "heads": 8,
+        "kv_heads": 4,
+        "d_ff": 768,
+        "seq": 128,
+        "batch": 16,
+        "vocab": 1024,
+    },
     # Llama-3-8B's shape; 1M tokens per step.
-    "8b": {"layers": 32, "d_model": 4096, "heads": 32, "kv_heads": 8, "d_ff": 14336,
-           "seq": 4096, "batch": 256, "vocab": 128256},
+    "8b": {
+        "layers": 32,
+        "d_model": 4096,
+        "heads": 32,
+        "kv_heads": 8,
+        "d_ff": 14336,
+        "seq": 4096,
+        "batch": 256,
+        "vocab": 128256,
+    },
     # Llama-2-70B's shape; 4M tokens per step.
-    "70b": {"layers": 80, "d_model": 8192, "heads": 64, "kv_heads": 8, "d_ff": 28672,
-            "seq": 4096, "batch": 1024, "vocab": 32000},
-}  # fmt: skip
+    "70b": {
+        "layers": 80,
+        "d_model": 8192,
+        "heads": 64,
+        "kv_heads": 8,
+        "d_ff": 28672,
+        "seq": 4096,
+        "batch": 1024,
+        "vocab": 32000,
+    },
+}
 OPTIONAL: dict[str, Any] = {
     "scan": True,
     "remat": True,

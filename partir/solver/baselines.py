@@ -183,12 +183,17 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
         node = [p for p in _data_paths(goal) if p not in edge]
         plans["EDGE"] = lambda: [batch_rules(goal, data, edge)]
         plans["NODE"] = lambda: [batch_rules(goal, data, node)]
-        plans["EDGE+Z3"] = lambda: [batch_rules(goal, data, edge),
-                                    zero_rules(goal, data, params=True)]  # fmt: skip
+        plans["EDGE+Z3"] = lambda: [
+            batch_rules(goal, data, edge),
+            zero_rules(goal, data, params=True),
+        ]
         if model:
             mp = megatron_rules(goal, model)
-            plans["EDGE+MP+Z3"] = lambda: [batch_rules(goal, data, edge), mp,
-                                           zero_rules(goal, data, params=True, taken=[mp])]  # fmt: skip
+            plans["EDGE+MP+Z3"] = lambda: [
+                batch_rules(goal, data, edge),
+                mp,
+                zero_rules(goal, data, params=True, taken=[mp]),
+            ]
     else:
         plans["BP"] = lambda: [bp()]
         if model is None:  # ZeRO stages on a 1-D mesh; on more axes, FSDP over all of them
@@ -197,14 +202,12 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
             plans["Z3"] = lambda: [bp(), zero_rules(goal, data, params=True)]
         else:
             every = tuple(axes)
-            plans["FSDP"] = lambda: [batch_rules(goal, every),
-                                     zero_rules(goal, every, params=True)]  # fmt: skip
+            plans["FSDP"] = lambda: [batch_rules(goal, every), zero_rules(goal, every, params=True)]
     if family in ("transformer", "moe", "mlp", "conv") and model:
         mp = megatron_rules(goal, model)
         plans["MP"] = lambda: [mp]
         plans["BP+MP"] = lambda: [bp(), mp]
-        plans["BP+MP+Z3"] = lambda: [bp(), mp, zero_rules(goal, data, params=True,
-                                                          taken=[mp])]  # fmt: skip
+        plans["BP+MP+Z3"] = lambda: [bp(), mp, zero_rules(goal, data, params=True, taken=[mp])]
         if family in ("transformer", "moe"):
             plans["BP+EMB"] = lambda: [bp(), _fill(EMBEDDING, m=model)]
     if family == "moe":
@@ -214,11 +217,13 @@ def expert_schedules(goal: Goal) -> dict[str, Callable[[], Schedule]]:
         # what `expert` and `megatron` together on one axis do: experts and attention heads
         if model:
             ep_mp = {**ep, **megatron_rules(goal, model)}
-            plans["BP+EP+MP+Z3"] = lambda: [bp(), ep_mp, zero_rules(goal, data, params=True,
-                                                                    taken=[ep_mp])]  # fmt: skip
+            plans["BP+EP+MP+Z3"] = lambda: [
+                bp(),
+                ep_mp,
+                zero_rules(goal, data, params=True, taken=[ep_mp]),
+            ]
         else:
-            plans["BP+EP+Z3"] = lambda: [bp(), ep, zero_rules(goal, data, params=True,
-                                                              taken=[ep])]  # fmt: skip
+            plans["BP+EP+Z3"] = lambda: [bp(), ep, zero_rules(goal, data, params=True, taken=[ep])]
     if len(axes) >= 3:
         plans.update(_three_axes(goal, family))
     return plans
@@ -236,12 +241,18 @@ def _three_axes(goal: Goal, family: str) -> dict[str, Callable[[], Schedule]]:
     plans: dict[str, Callable[[], Schedule]] = {}
     if family == "graph":
         edge = _edge_paths(goal)
-        plans["EDGE+FSDP"] = lambda: [batch_rules(goal, data, edge), batch_rules(goal, fsdp, edge),
-                                      zero_rules(goal, fsdp, params=True)]  # fmt: skip
+        plans["EDGE+FSDP"] = lambda: [
+            batch_rules(goal, data, edge),
+            batch_rules(goal, fsdp, edge),
+            zero_rules(goal, fsdp, params=True),
+        ]
         mp = megatron_rules(goal, tensor)
-        plans["EDGE+FSDP+MP"] = lambda: [batch_rules(goal, data, edge),
-                                         batch_rules(goal, fsdp, edge), mp,
-                                         zero_rules(goal, fsdp, params=True, taken=[mp])]  # fmt: skip
+        plans["EDGE+FSDP+MP"] = lambda: [
+            batch_rules(goal, data, edge),
+            batch_rules(goal, fsdp, edge),
+            mp,
+            zero_rules(goal, fsdp, params=True, taken=[mp]),
+        ]
         return plans
 
     def bp2() -> Schedule:
@@ -250,15 +261,16 @@ def _three_axes(goal: Goal, family: str) -> dict[str, Callable[[], Schedule]]:
     plans["BP+FSDP"] = lambda: [*bp2(), zero_rules(goal, fsdp, params=True)]
     if family in ("transformer", "moe", "mlp", "conv"):
         mp = megatron_rules(goal, tensor)
-        plans["BP+FSDP+MP"] = lambda: [*bp2(), mp, zero_rules(goal, fsdp, params=True,
-                                                               taken=[mp])]  # fmt: skip
+        plans["BP+FSDP+MP"] = lambda: [*bp2(), mp, zero_rules(goal, fsdp, params=True, taken=[mp])]
     if family == "moe":
         ep = expert_parallel_rules(goal, tensor)
-        plans["BP+FSDP+EP"] = lambda: [*bp2(), ep, zero_rules(goal, fsdp, params=True,
-                                                               taken=[ep])]  # fmt: skip
+        plans["BP+FSDP+EP"] = lambda: [*bp2(), ep, zero_rules(goal, fsdp, params=True, taken=[ep])]
         ep_mp = {**ep, **megatron_rules(goal, tensor)}
-        plans["BP+FSDP+EP+MP"] = lambda: [*bp2(), ep_mp, zero_rules(goal, fsdp, params=True,
-                                                                    taken=[ep_mp])]  # fmt: skip
+        plans["BP+FSDP+EP+MP"] = lambda: [
+            *bp2(),
+            ep_mp,
+            zero_rules(goal, fsdp, params=True, taken=[ep_mp]),
+        ]
     return plans
 
 

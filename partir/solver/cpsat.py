@@ -34,8 +34,13 @@ def feasible(
         isolate = "tensorflow" in sys.modules
     if not isolate:
         return _solve(groups, budget, queries)
-    request = json.dumps({"groups": [[w, list(t)] for w, t in groups], "budget": budget,
-                          "queries": [list(q) if q else None for q in queries]})  # fmt: skip
+    request = json.dumps(
+        {
+            "groups": [[w, list(t)] for w, t in groups],
+            "budget": budget,
+            "queries": [list(q) if q else None for q in queries],
+        }
+    )
     done = subprocess.run(
         [sys.executable, "-P", __file__],  # -P: this folder is not put on sys.path
         input=request,

@@ -52,8 +52,9 @@ def per_layer(goal, plan) -> dict[str, tuple[float, float]]:
         c = model.op_cost(op.index, plan.state)
         row = out.setdefault(layer, [0.0, 0.0])
         row[0] += op.multiplicity * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
-        row[1] += op.multiplicity * sum(model.collective_time(k, a, b) for k, a, b, _ in
-                                        c.collectives)  # fmt: skip
+        row[1] += op.multiplicity * sum(
+            model.collective_time(k, a, b) for k, a, b, _ in c.collectives
+        )
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
@@ -107,8 +108,12 @@ def _plot(plan, prefix: str) -> str:
     for a in plan.search.get("axes", []):
         curve = a["curve"]
         if curve:
-            ax.step([offset + e for e, _, _ in curve], [r for _, _, r in curve], where="post",
-                    label=f"axis {a['axis']}")  # fmt: skip
+            ax.step(
+                [offset + e for e, _, _ in curve],
+                [r for _, _, r in curve],
+                where="post",
+                label=f"axis {a['axis']}",
+            )
         offset += a["episodes"]
     ax.set_xlabel("episode")
     ax.set_ylabel("best reward (higher is faster)")
@@ -120,10 +125,17 @@ def _plot(plan, prefix: str) -> str:
     explored = plan.search.get("explored", [])
     if explored:
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.scatter([m / 2**30 for _, m in explored], [t for t, _ in explored], s=8,
-                   label="plans explored")  # fmt: skip
-        ax.scatter([plan.cost.peak_memory_bytes / 2**30], [plan.cost.step_time_s], c="red",
-                   marker="*", s=120, label="chosen")  # fmt: skip
+        ax.scatter(
+            [m / 2**30 for _, m in explored], [t for t, _ in explored], s=8, label="plans explored"
+        )
+        ax.scatter(
+            [plan.cost.peak_memory_bytes / 2**30],
+            [plan.cost.step_time_s],
+            c="red",
+            marker="*",
+            s=120,
+            label="chosen",
+        )
         ax.set_xlabel("peak memory per device, GiB (estimate)")
         ax.set_ylabel("step time, s (estimate)")
         ax.set_yscale("log")

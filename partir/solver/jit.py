@@ -79,9 +79,14 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
         flat = jax.tree_util.tree_leaves(args)
         closed = prog.jaxpr
         replay = _Replay(
-            prog.eqn_outputs, mesh, value_spec, constrain, goal.honour_constraints,
-            operand_specs, free,
-        )  # fmt: skip
+            prog.eqn_outputs,
+            mesh,
+            value_spec,
+            constrain,
+            goal.honour_constraints,
+            operand_specs,
+            free,
+        )
         outs = replay.run(closed.jaxpr, closed.consts, flat, ())
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
@@ -195,9 +200,13 @@ class _Replay(JaxprWalker):
                 return outs[:nk], outs[nk:]
 
             carry, ys = jax.lax.scan(
-                body, list(init), list(xs), length=p["length"], reverse=p["reverse"],
+                body,
+                list(init),
+                list(xs),
+                length=p["length"],
+                reverse=p["reverse"],
                 unroll=p["unroll"],
-            )  # fmt: skip
+            )
             return list(carry) + list(ys)
         if name == "while":
             cj, cc = open_jaxpr(p["cond_jaxpr"])

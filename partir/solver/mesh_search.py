@@ -105,8 +105,13 @@ def _solve_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tuple
             row["smallest_memory_bytes"] = e.smallest_bytes
         return row, None
     c = plan.cost
-    row.update(step_time_s=c.step_time_s, peak_memory_bytes=c.peak_memory_bytes, fits=c.fits,
-               episodes=plan.search["episodes"], seconds=time.perf_counter() - t)  # fmt: skip
+    row.update(
+        step_time_s=c.step_time_s,
+        peak_memory_bytes=c.peak_memory_bytes,
+        fits=c.fits,
+        episodes=plan.search["episodes"],
+        seconds=time.perf_counter() - t,
+    )
     return row, plan
 
 
@@ -135,9 +140,14 @@ def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tupl
         row.update(error=str(e).splitlines()[0], seconds=time.perf_counter() - t)
         return row, None
     c = extrapolate([p1.cost, p2.cost], proxy.layers)
-    row.update(step_time_s=c.step_time_s, peak_memory_bytes=c.peak_memory_bytes, fits=c.fits,
-               episodes=p2.search["episodes"], seconds=time.perf_counter() - t,
-               estimate=f"extrapolated to {proxy.layers} layers from 1- and 2-layer copies")  # fmt: skip
+    row.update(
+        step_time_s=c.step_time_s,
+        peak_memory_bytes=c.peak_memory_bytes,
+        fits=c.fits,
+        episodes=p2.search["episodes"],
+        seconds=time.perf_counter() - t,
+        estimate=f"extrapolated to {proxy.layers} layers from 1- and 2-layer copies",
+    )
     return row, c
 
 
@@ -170,14 +180,17 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
         more = f" (and {len(rows) - 3} more)" if len(rows) > 3 else ""
         raise PlanError(f"no mesh shape of {goal.num_devices} devices works: {reasons}{more}")
     if screen:
+
         def by_cost(a: tuple[dict[str, int], Any], b: tuple[dict[str, int], Any]) -> int:
             return -1 if better(goal, a[1], b[1]) else (1 if better(goal, b[1], a[1]) else 0)
 
         ranked = sorted(costs.values(), key=functools.cmp_to_key(by_cost))
         top = ranked[0][1]
-        finalists = [m for m, c in ranked[:FINALISTS]
-                     if c.fits == top.fits
-                     and metric(goal, c) <= FINALIST_RATIO * metric(goal, top)]  # fmt: skip
+        finalists = [
+            m
+            for m, c in ranked[:FINALISTS]
+            if c.fits == top.fits and metric(goal, c) <= FINALIST_RATIO * metric(goal, top)
+        ]
         for mesh in finalists:
             row, plan = _solve_one(goal, dict(mesh), full, progress)
             row["round"] = "searched"
@@ -191,8 +204,9 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
         if best is None or better(plan.goal, plan.cost, best.cost):
             best = plan
     if best is None:  # the screening kept shapes whose full search then failed
-        reasons = "; ".join(f"{_mesh_str(r['mesh'])}: {r['error']}"
-                            for r in rows if r["round"] == "searched")  # fmt: skip
+        reasons = "; ".join(
+            f"{_mesh_str(r['mesh'])}: {r['error']}" for r in rows if r["round"] == "searched"
+        )
         raise PlanError(f"no mesh shape of {goal.num_devices} devices works: {reasons}")
     for r in rows:
         r["chosen"] = r["mesh"] == best.mesh and r["round"] == "searched"
@@ -225,8 +239,14 @@ def mesh_rows(plan: Any) -> list[tuple[str, str, str, str]]:
             notes.append("over the memory limit")
         if r.get("chosen"):
             notes.append("chosen")
-        out.append((_mesh_str(r["mesh"]), fmt_seconds(r["step_time_s"]),
-                    fmt_bytes(r["peak_memory_bytes"]), ", ".join(notes)))  # fmt: skip
+        out.append(
+            (
+                _mesh_str(r["mesh"]),
+                fmt_seconds(r["step_time_s"]),
+                fmt_bytes(r["peak_memory_bytes"]),
+                ", ".join(notes),
+            )
+        )
     return out
 
 

@@ -138,8 +138,10 @@ class Plan:
         `spec_for(path)` and `tree_specs(tree, prefix)` that apply them without partir."""
         rules = self.to_rules()
         if filename.endswith(".json"):
-            return json.dumps([[p, spec_to_json(to_sharding(s, len(s)))] for p, s in rules],
-                              indent=1) + "\n"  # fmt: skip
+            return (
+                json.dumps([[p, spec_to_json(to_sharding(s, len(s)))] for p, s in rules], indent=1)
+                + "\n"
+            )
         lines = [
             '"""Partition rules found by partir: the first pattern that matches a path wins.',
             "",
@@ -633,8 +635,9 @@ def input_decisions(
     for path, spec in resolved.items():
         vid = prog.inputs[path]
         shape = prog.values[vid].shape
-        sharding = to_sharding(spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec),
-                               len(shape))  # fmt: skip
+        sharding = to_sharding(
+            spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec), len(shape)
+        )
         check_sharding(path, shape, sharding, goal.sizes)
         prio = priority + (1 if path in state_paths else 0)
         decisions += [

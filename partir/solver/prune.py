@@ -92,8 +92,11 @@ def prune_actions(
     budget = math.ceil((limit - fixed - activations) / SCALE)
     smallest = fixed + activations + sum(sum(local[v] for v in g) / rest / n for g in groups)
     order = [i for idx in groups.values() for i in idx]  # action index of each model action
-    queries = [None, *(("action", j) for j in range(len(order))),
-               *(("whole", k) for k in range(len(groups)))]  # fmt: skip
+    queries = [
+        None,
+        *(("action", j) for j in range(len(order))),
+        *(("whole", k) for k in range(len(groups))),
+    ]
     answers = cpsat.feasible(model, budget, queries)
     if not answers[0]:
         err = InfeasibleMemory(

@@ -83,8 +83,10 @@ def _search(goal: Goal, t0: float, progress) -> Plan:
     # within what is left of `seconds`, but with `episodes` of its own: the copies' search
     # may have spent them all on a plan now known to be off by 1.25x or more
     whole = _solve(goal, None, why, progress, left, episodes)
-    spent = {"episodes_on_copies": plan.search["episodes"],
-             "episodes_on_whole": whole.search["episodes"]}  # fmt: skip
+    spent = {
+        "episodes_on_copies": plan.search["episodes"],
+        "episodes_on_whole": whole.search["episodes"],
+    }
     if better(goal, whole.cost, plan.cost):
         whole.search["proxy"].update(spent, rejected_plan_step_time_s=plan.cost.step_time_s)
         plan = whole

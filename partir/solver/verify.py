@@ -165,16 +165,24 @@ def _cut_on_a_hidden_factor(plan, op) -> bool:
     """Whether a tensor of `op` is cut along a factor that another of its tensors has but
     cannot show in its own dims (a minor factor of a merged dim whose major one is whole)."""
     rule, mesh = op.rule, plan.goal.mesh
-    tensors = [(v, d) for v, d in zip((*op.inputs, *op.outputs), (*rule.operands, *rule.results))
-               if v is not None and d is not None]  # fmt: skip
+    tensors = [
+        (v, d)
+        for v, d in zip((*op.inputs, *op.outputs), (*rule.operands, *rule.results))
+        if v is not None and d is not None
+    ]
     for v, dims in tensors:
         sharding = plan.value_sharding(v)
-        fa = {f: axes for d, fs in enumerate(dims) if sharding[d]
-              for f, axes in split_axes(sharding[d], fs, rule.sizes, mesh)}  # fmt: skip
+        fa = {
+            f: axes
+            for d, fs in enumerate(dims)
+            if sharding[d]
+            for f, axes in split_axes(sharding[d], fs, rule.sizes, mesh)
+        }
         for _, other in tensors:
             shown = {a for fs in other for a in join_axes(fs, fa, rule.sizes, mesh)}
-            if any(mesh[a] > 1 and a not in shown
-                   for fs in other for f in fs for a in fa.get(f, ())):  # fmt: skip
+            if any(
+                mesh[a] > 1 and a not in shown for fs in other for f in fs for a in fa.get(f, ())
+            ):
                 return True
     return False
 
@@ -189,8 +197,11 @@ def _dims_moved(op, values) -> tuple[int, ...]:
     if op.primitive == "slice":
         shape = values[op.inputs[0]].shape
         strides = p["strides"] or (1,) * len(shape)
-        return tuple(d for d, n in enumerate(shape)
-                     if (p["start_indices"][d], p["limit_indices"][d], strides[d]) != (0, n, 1))  # fmt: skip
+        return tuple(
+            d
+            for d, n in enumerate(shape)
+            if (p["start_indices"][d], p["limit_indices"][d], strides[d]) != (0, n, 1)
+        )
     if op.primitive == "pad":
         return tuple(d for d, cfg in enumerate(p["padding_config"]) if any(cfg))
     return ()
@@ -224,7 +235,7 @@ def verify(goal, plan, *, mesh=None, compiler_options: dict | None = None) -> Ve
             cost.argument_bytes,
             stats.argument_bytes,
             cost.argument_bytes == stats.argument_bytes,
-        )  # fmt: skip
+        )
     )
     rows.append(VerifyRow("memory (est.)", cost.peak_memory_bytes, stats.allocated_bytes, True))
     if stats.true_peak_bytes is not None:

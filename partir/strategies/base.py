@@ -73,7 +73,9 @@ class AxisContext:
         """Dims the axis can tile, also those an earlier axis tiles (it then goes minor)."""
         prop = self.goal.propagator
         dims = range(len(self.goal.program.values[vid].shape)) if self.size > 1 else ()
-        return [d for d in dims if prop.can_apply(self.state, Decision(priority, vid, d, self.axis))]
+        return [
+            d for d in dims if prop.can_apply(self.state, Decision(priority, vid, d, self.axis))
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +119,10 @@ def path_globs(value: Any, what: str, example: str) -> tuple[str, ...]:
     """A strategy argument that names inputs: a path glob or a list of them (`what`, e.g.
     "batch inputs", is what the message calls it; `example` shows both forms)."""
     globs = [value] if isinstance(value, str) else value
-    if not isinstance(globs, list | tuple) or not globs or not all(
-        isinstance(g, str) and g for g in globs
+    if (
+        not isinstance(globs, list | tuple)
+        or not globs
+        or not all(isinstance(g, str) and g for g in globs)
     ):
         raise ValueError(f"{what} is a path glob or a list of them, like {example}")
     return tuple(globs)

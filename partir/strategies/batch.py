@@ -67,12 +67,16 @@ def check_tiles_data(s: Strategy, ctx: AxisContext, own: Constraints, axis: Cons
 def _tiles_nothing(s: Strategy, ctx: AxisContext, forbidden: set[int]) -> str:
     prog, prop, data, n = ctx.goal.program, ctx.goal.propagator, ctx.data, ctx.size
     if not data:
-        return (f"{s.name} on axis {s.axis!r}: the program has no data inputs (every input is "
-                f"carried state); name them with {s.name}(inputs=...)")  # fmt: skip
+        return (
+            f"{s.name} on axis {s.axis!r}: the program has no data inputs (every input is "
+            f"carried state); name them with {s.name}(inputs=...)"
+        )
     if data <= forbidden:
         paths = ", ".join(prog.input_paths[v] for v in sorted(data)[:3])
-        return (f"{s.name} on axis {s.axis!r}: a replicate statement keeps every data input "
-                f"whole on it ({paths}); drop the replicate statement or the {s.name}")  # fmt: skip
+        return (
+            f"{s.name} on axis {s.axis!r}: a replicate statement keeps every data input "
+            f"whole on it ({paths}); drop the replicate statement or the {s.name}"
+        )
     dims = []
     for vid in sorted(data)[:3]:
         if vid in forbidden:

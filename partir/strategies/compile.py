@@ -46,8 +46,17 @@ def manual_decisions(goal: Goal) -> list[Decision]:
 def tile_of(goal: Goal, d: Decision) -> Tile | None:
     """The tile statement that made manual decision `d`."""
     path = goal.program.input_paths[d.value]
-    return next((s for s in goal.schedule if isinstance(s, Tile) and s.axis == d.axis
-                 and s.dim == d.dim and glob_match(s.path, path)), None)  # fmt: skip
+    return next(
+        (
+            s
+            for s in goal.schedule
+            if isinstance(s, Tile)
+            and s.axis == d.axis
+            and s.dim == d.dim
+            and glob_match(s.path, path)
+        ),
+        None,
+    )
 
 
 def compile_axis(

@@ -58,14 +58,18 @@ class Expert(Strategy):
         if any(d.value not in axis.forbidden for d in own.required):
             return
         prop = ctx.goal.propagator
-        if any(ctx.axis in a for g in ctx.groups for v in g.params[:1]
-               for a in prop.sharding(ctx.state, v)):  # fmt: skip
+        if any(
+            ctx.axis in a
+            for g in ctx.groups
+            for v in g.params[:1]
+            for a in prop.sharding(ctx.state, v)
+        ):
             return  # an earlier decision (a tile statement, a constraint) did it already
         if self.params is not None:
             raise PlanError(
                 f"expert(params={list(self.params)}) on axis {ctx.axis!r} (size {ctx.size}) "
                 "tiles nothing: the globs match no parameter whose experts dim the axis "
-                "divides; write globs of the MoE weights' paths, like params=\"**/moe/*\""
+                'divides; write globs of the MoE weights\' paths, like params="**/moe/*"'
             )
         raise PlanError(
             f"expert on axis {ctx.axis!r} (size {ctx.size}) finds no mixture-of-experts weight "

@@ -33,8 +33,9 @@ class Tile(Strategy):
         prog = goal.program
         paths = [p for p in prog.inputs if glob_match(self.path, p)]
         if not paths:
-            raise PlanError(f"tile: no input matches {self.path!r}"
-                            f"{did_you_mean(self.path, prog.inputs)}")  # fmt: skip
+            raise PlanError(
+                f"tile: no input matches {self.path!r}{did_you_mean(self.path, prog.inputs)}"
+            )
         return [Decision(MANUAL_PRIORITY, prog.inputs[p], self.dim, self.axis) for p in paths]
 
 

@@ -29,8 +29,9 @@ def check_plan(goal, plan) -> None:
     if set(plan.in_shardings) != set(prog.inputs):
         missing = sorted(set(prog.inputs) - set(plan.in_shardings))
         extra = sorted(set(plan.in_shardings) - set(prog.inputs))
-        raise InvalidPlan(f"plan paths do not match the args: missing {missing[:3]}, "
-                          f"unknown {extra[:3]}")  # fmt: skip
+        raise InvalidPlan(
+            f"plan paths do not match the args: missing {missing[:3]}, unknown {extra[:3]}"
+        )
     for paths, shardings in ((prog.inputs, plan.in_shardings), (prog.outputs, plan.out_shardings)):
         for path, vid in paths.items():
             try:
@@ -39,8 +40,10 @@ def check_plan(goal, plan) -> None:
                 raise InvalidPlan(str(err)) from None
     for out, src in prog.carried.items():
         if plan.out_shardings[out] != plan.in_shardings[src]:
-            raise InvalidPlan(f"{out} leaves with {plan.out_shardings[out]} but {src} comes in "
-                              f"with {plan.in_shardings[src]}")  # fmt: skip
+            raise InvalidPlan(
+                f"{out} leaves with {plan.out_shardings[out]} but {src} comes in "
+                f"with {plan.in_shardings[src]}"
+            )
     if plan.state is not None:
         prop = goal.propagator
         for vid, sharding in plan.state.shardings.items():
@@ -64,8 +67,10 @@ def check_plan(goal, plan) -> None:
                     prop.sharding(plan.state, dst)
                 )
                 if differ and not model.op_cost(op.index, plan.state).collectives:
-                    raise InvalidPlan(f"carried value {prog.input_paths[dst]} is resharded "
-                                      "without a costed collective")  # fmt: skip
+                    raise InvalidPlan(
+                        f"carried value {prog.input_paths[dst]} is resharded "
+                        "without a costed collective"
+                    )
 
 
 def real_args(goal, seed: int = 0):
@@ -157,6 +162,7 @@ def check_numerics(goal, plan, args=None, *, tolerance: float = RELATIVE_TOLERAN
     got = plan.jit()(*args)
     err = max_relative_error(got, expected)
     if not err <= tolerance:
-        raise NumericsMismatch(f"sharded and unsharded results differ: max relative error "
-                               f"{err:.3g} > {tolerance:g}")  # fmt: skip
+        raise NumericsMismatch(
+            f"sharded and unsharded results differ: max relative error {err:.3g} > {tolerance:g}"
+        )
     return err

@@ -16,8 +16,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                           process_id=pid)  # fmt: skip
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
 
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
@@ -29,8 +28,10 @@ from partir.models import mlp  # noqa: E402
 assert jax.device_count() == 8 and jax.local_device_count() == 4
 args = mlp.example_args(abstract=False)  # the same values on every host (fixed seeds)
 goal = partir.Goal(mlp.train_step, args, mesh={"batch": 2, "model": 4})
-plan = partir.plan(goal, {"batch/*": P("batch"), "**/layers/0/w": P(None, "model"),
-                          "**/layers/1/w": P("model", None)})  # fmt: skip
+plan = partir.plan(
+    goal,
+    {"batch/*": P("batch"), "**/layers/0/w": P(None, "model"), "**/layers/1/w": P("model", None)},
+)
 ins, _ = plan.shardings()
 host = jax.tree.map(np.asarray, args)
 global_args = jax.tree.map(

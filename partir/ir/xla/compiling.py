@@ -13,6 +13,7 @@ from partir.ir.xla.stats import CompiledStats
 
 _log = logging.getLogger(__name__)
 
+
 def _abstract(x: Any, keep_sharding: bool):
     import jax
     import numpy as np

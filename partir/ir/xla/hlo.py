@@ -12,6 +12,7 @@ from partir.ir.xla.stats import HloCollective
 
 _log = logging.getLogger(__name__)
 
+
 def optimized_hlo_text(compiled) -> str:
     """The post-optimization HLO of a ``jax.stages.Compiled``, with operand shapes printed.
 
@@ -30,7 +31,6 @@ def optimized_hlo_text(compiled) -> str:
     except Exception as e:  # pragma: no cover - depends on jaxlib internals
         _log.debug("falling back to compiled.as_text(): %s", e)
         return compiled.as_text()
-
 
 
 _COMMENT_RE = re.compile(r"/\*.*?\*/")

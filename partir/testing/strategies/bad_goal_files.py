@@ -9,8 +9,21 @@ from hypothesis import strategies as st
 from partir.strategies import CATALOG
 from partir.testing.strategies.goal_files import PROGRAMS, GoalFile, Style, goal_files, styles
 
-_KEYWORDS = ("program", "inputs", "mesh", "device", "memory", "objective", "axis", "tile",
-             "replicate", "search", "prune", "dim", "on")  # fmt: skip
+_KEYWORDS = (
+    "program",
+    "inputs",
+    "mesh",
+    "device",
+    "memory",
+    "objective",
+    "axis",
+    "tile",
+    "replicate",
+    "search",
+    "prune",
+    "dim",
+    "on",
+)
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -57,8 +70,11 @@ def _kind_keyword(draw, gf: GoalFile, style: Style) -> str:
 def _kind_unit(draw, gf: GoalFile, style: Style) -> str:
     where = draw(st.sampled_from(("memory", "link", "field")))
     if where == "memory":
-        text = draw(st.sampled_from(("32Gib", "32GHz", "32gb", "2us", "50G/s", "275T",
-                                     "32 GiB", "1.5XB", "8b")))  # fmt: skip
+        text = draw(
+            st.sampled_from(
+                ("32Gib", "32GHz", "32gb", "2us", "50G/s", "275T", "32 GiB", "1.5XB", "8b")
+            )
+        )
         gf.memory = (text, 0)
         return gf.render(style)
     statements = gf.statements(style)
@@ -70,8 +86,11 @@ def _kind_unit(draw, gf: GoalFile, style: Style) -> str:
             bad = "20gbit/s"
         field = f"link {axis} {bad}"
     else:
-        field = draw(st.sampled_from(("hbm 32G/s", "hbm 2ms", "flops 32GiB",
-                                      "hbm_bandwidth 1.2TiB", "latency 2GB")))  # fmt: skip
+        field = draw(
+            st.sampled_from(
+                ("hbm 32G/s", "hbm 2ms", "flops 32GiB", "hbm_bandwidth 1.2TiB", "latency 2GB")
+            )
+        )
     statements["device"] = f"device {device}{{ {field} }}"
     return gf.render(style, statements)
 
@@ -149,7 +168,7 @@ def _kind_strategy(draw, gf: GoalFile, style: Style) -> str:
                         ("auto", {"axis": '"x"'}),
                     )
                 )
-            )  # fmt: skip
+            )
         )
     else:
         strategies.append(strategies[0])
@@ -194,19 +213,33 @@ def _kind_missing(draw, gf: GoalFile, style: Style) -> str:
 
 def _kind_value(draw, gf: GoalFile, style: Style) -> str:
     statements = gf.statements(style)
-    key, text = draw(st.sampled_from((
-        ("objective", "objective speed"), ("objective", "objective tim"),
-        ("prune", "prune cpsta"), ("prune", "prune yes"),
-        ("search", "search mtcs(seed=1)"), ("search", "search mcts(episdoes=20)"),
-        ("search", "search mcts(episodes=0)"), ("search", "search mcts(seed=1.5)"),
-        ("search", 'search mcts(rollout="best")'), ("search", "search mcts(uct_c=-1)"),
-        ("search", "search mcts(seconds=-5)"), ("search", "search mcts(prune=true)"),
-        ("search", "search mcts(seed=1, seed=2)"), ("search", "search mcts(20)"),
-        ("device", 'device "tpu-v9"'), ("device", 'device "cpu" { hmb 32GiB }'),
-        ("device", "device { hbm 32GiB }"), ("device", 'device "cpu" { node_size 2.5 }'),
-        ("memory", "memory <= 0"), ("memory", "memory <= -1GiB"),
-        ("inputs", f'inputs "{PROGRAMS}:example_args"(batch=yes)'),
-    )))  # fmt: skip
+    key, text = draw(
+        st.sampled_from(
+            (
+                ("objective", "objective speed"),
+                ("objective", "objective tim"),
+                ("prune", "prune cpsta"),
+                ("prune", "prune yes"),
+                ("search", "search mtcs(seed=1)"),
+                ("search", "search mcts(episdoes=20)"),
+                ("search", "search mcts(episodes=0)"),
+                ("search", "search mcts(seed=1.5)"),
+                ("search", 'search mcts(rollout="best")'),
+                ("search", "search mcts(uct_c=-1)"),
+                ("search", "search mcts(seconds=-5)"),
+                ("search", "search mcts(prune=true)"),
+                ("search", "search mcts(seed=1, seed=2)"),
+                ("search", "search mcts(20)"),
+                ("device", 'device "tpu-v9"'),
+                ("device", 'device "cpu" { hmb 32GiB }'),
+                ("device", "device { hbm 32GiB }"),
+                ("device", 'device "cpu" { node_size 2.5 }'),
+                ("memory", "memory <= 0"),
+                ("memory", "memory <= -1GiB"),
+                ("inputs", f'inputs "{PROGRAMS}:example_args"(batch=yes)'),
+            )
+        )
+    )
     statements[key] = text
     return gf.render(style, statements)
 
@@ -220,8 +253,11 @@ def _kind_string(draw, gf: GoalFile, style: Style) -> str:
         i = text.index('"', text.index('"') + 1)
         statements[key] = text[:i] + text[i + 1 :]
     else:
-        target = draw(st.sampled_from((PROGRAMS, f"{PROGRAMS}:", f":{gf.program}",
-                                       f"{PROGRAMS}:{gf.program}:x", "a b:c")))  # fmt: skip
+        target = draw(
+            st.sampled_from(
+                (PROGRAMS, f"{PROGRAMS}:", f":{gf.program}", f"{PROGRAMS}:{gf.program}:x", "a b:c")
+            )
+        )
         start = text.index('"')
         end = text.index('"', start + 1)
         statements[key] = text[: start + 1] + target + text[end:]
@@ -229,8 +265,11 @@ def _kind_string(draw, gf: GoalFile, style: Style) -> str:
 
 
 def _kind_path(draw, gf: GoalFile, style: Style) -> str:
-    path = draw(st.sampled_from(("params/embd", "params/layers/9/mlp/w_in", "", "/",
-                                 "nothing/**", "param/embed")))  # fmt: skip
+    path = draw(
+        st.sampled_from(
+            ("params/embd", "params/layers/9/mlp/w_in", "", "/", "nothing/**", "param/embed")
+        )
+    )
     axis = draw(st.sampled_from(sorted(gf.mesh)))
     gf.manual.append(("tile", path, 0, axis) if draw(st.booleans()) else ("replicate", path, axis))
     return gf.render(style)
@@ -238,15 +277,19 @@ def _kind_path(draw, gf: GoalFile, style: Style) -> str:
 
 def _kind_import(draw, gf: GoalFile, style: Style) -> str:
     statements = gf.statements(style)
-    key, text = draw(st.sampled_from((
-        ("program", f'program "{PROGRAMS}:train_stp"'),
-        ("program", f'program "{PROGRAMS}:OPTIMIZER"'),
-        ("program", 'program "partir.testing._no_such_module:train_step"'),
-        ("program", 'program "no_such_file.py:train_step"'),
-        ("inputs", f'inputs "{PROGRAMS}:example_args"(batch=0)'),
-        ("inputs", f'inputs "{PROGRAMS}:example_args"(batchsize=8)'),
-        ("inputs", f'inputs "{PROGRAMS}:loss_fn"'),
-    )))  # fmt: skip
+    key, text = draw(
+        st.sampled_from(
+            (
+                ("program", f'program "{PROGRAMS}:train_stp"'),
+                ("program", f'program "{PROGRAMS}:OPTIMIZER"'),
+                ("program", 'program "partir.testing._no_such_module:train_step"'),
+                ("program", 'program "no_such_file.py:train_step"'),
+                ("inputs", f'inputs "{PROGRAMS}:example_args"(batch=0)'),
+                ("inputs", f'inputs "{PROGRAMS}:example_args"(batchsize=8)'),
+                ("inputs", f'inputs "{PROGRAMS}:loss_fn"'),
+            )
+        )
+    )
     if key == "program" and "train_stp" not in text and draw(st.booleans()):
         # a program that cannot take what the inputs function returns
         other = "forward" if gf.program == "train_step" else "train_step"

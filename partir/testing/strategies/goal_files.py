@@ -19,10 +19,24 @@ from partir.testing.strategies.specs import input_shapes
 
 PROGRAMS = "partir.testing._programs"
 # sizes and how goal files write them: (text, bytes)
-_MEMORY = (("1GiB", 2**30), ("512MiB", 2**29), ("2GB", 2 * 10**9), ("1.5GiB", 3 * 2**29),
-           ("1073741824", 2**30), ("64KiB", 2**16), ("1TiB", 2**40), ("800MB", 8 * 10**8))  # fmt: skip
-_RATES = (("20G/s", 20e9), ("50GB/s", 50e9), ("1.5T/s", 1.5e12), ("400MB/s", 4e8),
-          ("100GiB/s", 100 * 2.0**30), ("25000000000", 25e9))  # fmt: skip
+_MEMORY = (
+    ("1GiB", 2**30),
+    ("512MiB", 2**29),
+    ("2GB", 2 * 10**9),
+    ("1.5GiB", 3 * 2**29),
+    ("1073741824", 2**30),
+    ("64KiB", 2**16),
+    ("1TiB", 2**40),
+    ("800MB", 8 * 10**8),
+)
+_RATES = (
+    ("20G/s", 20e9),
+    ("50GB/s", 50e9),
+    ("1.5T/s", 1.5e12),
+    ("400MB/s", 4e8),
+    ("100GiB/s", 100 * 2.0**30),
+    ("25000000000", 25e9),
+)
 # axis names in goal files may be statement keywords or strategy names
 _FILE_AXES = ("batch", "model", "data", "x", "y2", "expert", "tile", "on", "dim", "mesh")
 
@@ -185,8 +199,13 @@ def styles(draw) -> Style:
 def goal_files(draw) -> GoalFile:
     program = draw(st.sampled_from(("train_step", "forward")))
     sizes: dict[str, int] = {}
-    for key, choices in (("batch", (8, 4, 16)), ("width", (16, 8, 32)), ("layers", (2, 1, 3)),
-                         ("vocab", (32, 16)), ("seq", (4, 2, 8))):  # fmt: skip
+    for key, choices in (
+        ("batch", (8, 4, 16)),
+        ("width", (16, 8, 32)),
+        ("layers", (2, 1, 3)),
+        ("vocab", (32, 16)),
+        ("seq", (4, 2, 8)),
+    ):
         if draw(st.booleans()):
             sizes[key] = draw(st.sampled_from(choices))
     mesh = draw(meshes(max_axes=3, max_devices=64, names=_FILE_AXES))

@@ -27,8 +27,12 @@ def strategy_named(name: str, axis: str, stage: int = 3) -> S.Strategy:
     if name == "zero":
         return S.zero(axis, stage=stage)
     makers: dict[str, Callable[[str], S.Strategy]] = {
-        "batch": S.batch, "megatron": S.megatron, "auto": S.auto, "fsdp": S.fsdp,
-        "expert": S.expert}  # fmt: skip
+        "batch": S.batch,
+        "megatron": S.megatron,
+        "auto": S.auto,
+        "fsdp": S.fsdp,
+        "expert": S.expert,
+    }
     return makers[name](axis)
 
 

@@ -50,8 +50,11 @@ def shardings(
         if not shape:
             return ()
         for axis in draw(st.permutations(list(mesh))):
-            fits = [d for d in range(len(shape))
-                    if shape[d] % (math.prod(mesh[a] for a in dims[d]) * mesh[axis]) == 0]  # fmt: skip
+            fits = [
+                d
+                for d in range(len(shape))
+                if shape[d] % (math.prod(mesh[a] for a in dims[d]) * mesh[axis]) == 0
+            ]
             dim = draw(st.sampled_from([None, *fits]))
             if dim is not None:
                 dims[dim].append(axis)
