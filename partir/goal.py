@@ -50,7 +50,7 @@ class Search:
     """Search budget and options. With no `episodes` or `seconds`, the search stops by
     itself once it converges; `seconds` caps it. The axes share both budgets, an axis
     leaving what it did not use to the later ones. When the shallow copies of a deep model
-    mispredict their plan (see solver/proxy), the whole program is searched within what is
+    mispredict their plan (see solver/shallow_copies), the whole program is searched within what is
     left of `seconds`, with `episodes` of its own; `plan.search["episodes"]` counts both."""
 
     seconds: float | None = None
@@ -60,7 +60,7 @@ class Search:
     rollout: Literal["random", "greedy"] = "random"
     patience: int | None = 200
     uct_c: float = 1.4
-    proxy: bool = True  # search a deep model on its 1- and 2-layer copies (solver/proxy)
+    proxy: bool = True  # search a deep model on its 1- and 2-layer copies (solver/shallow_copies)
 
     def __post_init__(self) -> None:
         if self.seconds is not None and not 0 < self.seconds < float("inf"):

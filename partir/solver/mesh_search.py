@@ -120,12 +120,12 @@ def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tupl
     on its 2-layer copy, applied to the 1-layer copy, the two costs extrapolated to the
     full depth (as the search's own proxy does); else a brief search of the whole."""
     from partir.ir.specs import to_spec
-    from partir.solver.proxy import extrapolate, make_proxy
     from partir.solver.prune import InfeasibleMemory
     from partir.solver.search import solve
+    from partir.solver.shallow_copies import extrapolate, make_shallow_copies
     from partir.solver.spec_tree import escape_path
 
-    proxy, _ = make_proxy(with_mesh(goal, mesh, search)) if search.proxy else (None, "")
+    proxy, _ = make_shallow_copies(with_mesh(goal, mesh, search)) if search.proxy else (None, "")
     if proxy is None:
         row, plan = _solve_one(goal, mesh, search, progress)
         return row, plan.cost if plan is not None else None

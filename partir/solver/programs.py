@@ -16,8 +16,8 @@ from partir.ir.groups import Action, Group, find_groups, useful_actions
 from partir.ir.propagate import Decision, State
 from partir.ir.specs import to_spec
 from partir.solver.plan import input_decisions
-from partir.solver.proxy import Proxy, extrapolate
 from partir.solver.reward import better
+from partir.solver.shallow_copies import ShallowCopies, extrapolate
 from partir.strategies import Strategy
 from partir.strategies.compile import (
     AxisProblem,
@@ -80,7 +80,7 @@ class Programs:
     copies. Every call on the way to the plan is recorded (`calls`), so that a plan file can
     replay it; `on_full` times the work on the full program outside the search."""
 
-    def __init__(self, goal: Goal, proxy: Proxy | None) -> None:
+    def __init__(self, goal: Goal, proxy: ShallowCopies | None) -> None:
         self.goal = goal
         self.on_full = Stopwatch()
         with self.on_full:

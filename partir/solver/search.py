@@ -20,9 +20,9 @@ from partir.solver import mcts
 from partir.solver.axis_env import AUTO_ZERO_STAGES, AxisEnvironment, AxisNode, Stop
 from partir.solver.plan import Plan
 from partir.solver.programs import CopiesMismatch, Programs, afresh
-from partir.solver.proxy import Proxy, make_proxy
 from partir.solver.prune import prune_actions
 from partir.solver.reward import Reward, better, metric
+from partir.solver.shallow_copies import ShallowCopies, make_shallow_copies
 from partir.solver.zero_dims import choose_zero_dims
 from partir.strategies import Auto
 from partir.strategies.compile import AxisProblem, schedule_axes
@@ -68,7 +68,7 @@ def _search(goal: Goal, t0: float, progress) -> Plan:
     whole too when the copies mispredict their plan on the full program."""
     episodes = goal.search.episodes
     why: str | None
-    proxy, why = make_proxy(goal) if goal.search.proxy else (None, "switched off")
+    proxy, why = make_shallow_copies(goal) if goal.search.proxy else (None, "switched off")
     if proxy is None:
         return _solve(goal, None, why, progress, _seconds_left(goal, t0), episodes)
     try:
@@ -117,7 +117,7 @@ def _mispredicted(plan: Plan) -> str | None:
 
 def _solve(
     goal: Goal,
-    proxy: Proxy | None,
+    proxy: ShallowCopies | None,
     why: str,
     progress: Callable[[str, int, float, float], None] | None,
     seconds: float | None,

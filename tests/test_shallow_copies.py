@@ -1,4 +1,4 @@
-"""Deep models are searched on their 1- and 2-layer copies (partir/solver/proxy.py)."""
+"""Deep models are searched on their 1- and 2-layer copies (partir/solver/shallow_copies.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,7 @@ import partir
 from partir import strategies as st
 from partir.models import gpt
 from partir.solver.plan import make_plan
-from partir.solver.proxy import extrapolate, make_proxy, stack_lengths, truncate
+from partir.solver.shallow_copies import extrapolate, make_shallow_copies, stack_lengths, truncate
 
 S = jax.ShapeDtypeStruct
 SIZE = {"d_model": 256, "heads": 8, "seq": 64, "batch": 16, "vocab": 256}
@@ -56,7 +56,7 @@ def test_the_proxy_search_finds_the_full_search_plan():
 def test_extrapolated_cost_matches_the_full_program_cost():
     goal = gpt_goal(8)
     plan = partir.solve(goal, baselines=False)
-    proxy, _ = make_proxy(goal)
+    proxy, _ = make_shallow_copies(goal)
     costs = []
     for small in proxy.shallow:
         shardings = {p: plan.specs[p] for p in small.program.inputs}

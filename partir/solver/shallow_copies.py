@@ -29,7 +29,7 @@ MIN_LAYERS = 4  # fewer layers than this are searched whole
 
 
 @dataclasses.dataclass
-class Proxy:
+class ShallowCopies:
     """The full goal's layer count and its 1- and 2-layer copies."""
 
     layers: int
@@ -75,7 +75,7 @@ def _counts(goal: Goal) -> list[int]:
     return counts
 
 
-def make_proxy(goal: Goal) -> tuple[Proxy | None, str]:
+def make_shallow_copies(goal: Goal) -> tuple[ShallowCopies | None, str]:
     """The shallow copies of `goal`, or None and why they cannot stand in for it."""
     lengths = stack_lengths(goal.args)
     if not lengths:
@@ -91,7 +91,7 @@ def make_proxy(goal: Goal) -> tuple[Proxy | None, str]:
     full = _counts(goal)
     if any(f != a + (layers - 1) * (b - a) for f, a, b in zip(full, c1, c2)):
         return None, "the program is not affine in its layer count (it may hard-code depth)"
-    return Proxy(layers, shallow), ""
+    return ShallowCopies(layers, shallow), ""
 
 
 def extrapolate(costs: list[Cost], layers: int) -> Cost:
