@@ -37,12 +37,12 @@ TOTAL_ONLY = {
 }
 # Where even the totals differ by more than 5%: known gaps of the cost model, kept as
 # strict xfails so that a fix shows up. (gns EDGE+Z3 on 2-D: 92 KiB of collective-permutes
-# and 16 KiB of all-to-all; moe EP: XLA all-reduces 73 KiB where 107 KiB is predicted.)
-# mlp and moe BP+MP+Z3 left this list when plan.jit began constraining resharded operands.
+# and 16 KiB of all-to-all.) mlp and moe BP+MP+Z3 left this list when plan.jit began
+# constraining resharded operands; moe EP on 1-D when the model priced one all-reduce per
+# sharded reduction factor.
 KNOWN_GAPS = {
     ("gns", "2d", "EDGE+Z3"),
     ("gns", "2d", "EDGE+MP+Z3"),  # 107 KiB of collective-permutes, 16 KiB of all-to-all
-    ("moe", "1d", "EP"),
 }
 
 
