@@ -8,7 +8,7 @@ import argparse
 import pathlib
 
 from partir.goal import Goal
-from partir.ir.cost import KINDS
+from partir.ir.cost import KIND_ABBREVIATIONS, KINDS
 from partir.ir.messages import fmt_bytes, fmt_seconds
 from partir.models import MODELS
 from partir.solver.baselines import expert_plans, replicated_plan
@@ -20,13 +20,6 @@ CASES = [  # model, preset, mesh, device
     ("gns", "base", {"batch": 8, "model": 8}, "a100-80g"),
     ("unet", "base", {"batch": 8, "model": 8}, "h100"),
 ]
-SHORT = {
-    "all-reduce": "AR",
-    "all-gather": "AG",
-    "reduce-scatter": "RS",
-    "all-to-all": "A2A",
-    "collective-permute": "CP",
-}
 
 
 def table(model: str, preset: str, mesh: dict, device: str) -> str:
@@ -39,7 +32,7 @@ def table(model: str, preset: str, mesh: dict, device: str) -> str:
         f"mesh {mesh_s} ({', '.join(mesh)}), {device}",
         "",
         "| plan | step time (est.) | compute | communication | peak memory (est.) | "
-        + " | ".join(f"{SHORT[k]} bytes" for k in KINDS)
+        + " | ".join(f"{KIND_ABBREVIATIONS[k]} bytes" for k in KINDS)
         + " |",
         "|---" * (5 + len(KINDS)) + "|",
     ]

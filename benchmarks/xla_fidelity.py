@@ -49,13 +49,6 @@ MESHES: dict[str, dict[str, int]] = {
 }
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 GNS_EDGE_INPUTS = ("batch/edges", "batch/senders", "batch/receivers")
-SHORT = {
-    "all-reduce": "AR",
-    "all-gather": "AG",
-    "reduce-scatter": "RS",
-    "all-to-all": "A2A",
-    "collective-permute": "CP",
-}
 F32 = (("compute_dtype", "float32"),)
 
 
@@ -273,6 +266,8 @@ def _r(x: float | None) -> str:
 
 
 def table(rows: list[Row]) -> str:
+    from partir.ir.cost import KIND_ABBREVIATIONS
+
     head = (
         f"{'model':<17}{'mesh':<7}{'plan':<12}{'peak':>6} {'pred/XLA':<15}"
         f"{'coll':>6} {'pred/XLA':<15}{'flops':>6}  per kind (pred/XLA)"
@@ -283,13 +278,13 @@ def table(rows: list[Row]) -> str:
             lines.append(f"{r.model:<17}{r.mesh:<7}{r.plan:<12}  error: {r.error[:90]}")
             continue
         kinds = " ".join(
-            f"{SHORT[k]} "
+            f"{KIND_ABBREVIATIONS[k]} "
             + (
                 _r(r.ratio(k))
                 if r.xla[k] and r.predicted[k]
                 else f"{_b(r.predicted[k])}/{_b(r.xla[k])}"
             )
-            for k in SHORT
+            for k in KIND_ABBREVIATIONS
             if k in r.xla
         )
         lines.append(

@@ -70,19 +70,10 @@ def _spec_str(spec) -> str:
     return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
 
 
-SHORT = {
-    "all-reduce": "AR",
-    "all-gather": "AG",
-    "reduce-scatter": "RS",
-    "all-to-all": "A2A",
-    "collective-permute": "CP",
-}
-
-
 def _cost_table(title: str, cost, baselines: dict):
     from rich.table import Table
 
-    from partir.ir.cost import KINDS
+    from partir.ir.cost import KIND_ABBREVIATIONS, KINDS
     from partir.ir.messages import fmt_bytes, fmt_seconds
 
     t = Table(
@@ -102,7 +93,7 @@ def _cost_table(title: str, cost, baselines: dict):
         if cost.comm_s_by_kind.get(k) or any(c.comm_s_by_kind.get(k) for c in baselines.values())
     ]
     for kind in kinds:
-        t.add_column(SHORT[kind], justify="right")
+        t.add_column(KIND_ABBREVIATIONS[kind], justify="right")
     t.add_column("memory", justify="right")
     t.add_column("ratio", justify="right")
 

@@ -34,6 +34,14 @@ from partir.ir.resharding import local_size, reshard
 from partir.ir.rules import Kind
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# how tables abbreviate the kinds
+KIND_ABBREVIATIONS = {
+    "all-reduce": "AR",
+    "all-gather": "AG",
+    "reduce-scatter": "RS",
+    "all-to-all": "A2A",
+    "collective-permute": "CP",
+}
 _NO_FLOPS = {
     "_link",
     "broadcast_in_dim",
