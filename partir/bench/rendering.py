@@ -6,6 +6,7 @@ import math
 import sys
 
 from partir.bench.cases import GNS_EDGE_INPUTS, mesh_text, schedule_label
+from partir.bench.experts import SAME_SCHEDULE
 from partir.bench.fidelity import log_distance
 from partir.bench.pruning import TIGHT_SLACK
 from partir.ir.messages import fmt_bytes, fmt_seconds
@@ -400,11 +401,15 @@ def markdown(result: dict) -> str:
         "2-D model axis megatron (moe: expert + megatron); 3-D data x fsdp x tensor: batch, "
         "fsdp, megatron (moe: expert + megatron). `auto`: auto on every axis. The expert is "
         "the fastest plan within the limit among the library's expert plans "
-        "(`partir.baselines`: BP, Z1-3 or FSDP, MP, BP+MP, BP+MP+Z3, BP+EMB, EP, EDGE, NODE, "
-        "EDGE+Z3, with the first mesh axis as data and the second as model) and on 3-D "
-        "meshes BP+FSDP, BP+FSDP+MP, BP+FSDP+EP, EDGE+FSDP (data, fsdp, tensor). The "
-        "same-schedule expert is the expert plan made of the natural schedule's own "
-        "strategies (Z3, BP+MP+Z3, BP+FSDP+MP, EDGE+Z3), where the library has one.",
+        "(`partir.baselines`: BP, Z1-3 or FSDP, MP, BP+MP, BP+MP+Z3, BP+EMB, EP, BP+EP+Z3, "
+        "BP+EP+MP+Z3, EDGE, NODE, EDGE+Z3, EDGE+MP+Z3, with the first mesh axis as data and "
+        "the second as model) and on 3-D meshes BP+FSDP, BP+FSDP+MP, BP+FSDP+EP, "
+        "BP+FSDP+EP+MP, EDGE+FSDP, EDGE+FSDP+MP (data, fsdp, tensor). The same-schedule "
+        "expert is the expert plan made of the natural schedule's own strategies: "
+        + "; ".join(
+            f"{model} {rank}-D {', '.join(names)}" for (model, rank), names in SAME_SCHEDULE.items()
+        )
+        + ".",
         "",
         _md_table(CASE_COLUMNS, [_case_row(r) for r in result["cases"]]),
         "",
