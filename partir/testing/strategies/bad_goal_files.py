@@ -6,24 +6,12 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
+from partir.dsl.parser import STATEMENTS
 from partir.strategies import CATALOG
 from partir.testing.strategies.goal_files import PROGRAMS, GoalFile, Style, goal_files, styles
 
-_KEYWORDS = (
-    "program",
-    "inputs",
-    "mesh",
-    "device",
-    "memory",
-    "objective",
-    "axis",
-    "tile",
-    "replicate",
-    "search",
-    "prune",
-    "dim",
-    "on",
-)
+# the goal language's words: its statements' keywords and the words inside them
+_KEYWORDS = (*STATEMENTS, "dim", "on")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
