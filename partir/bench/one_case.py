@@ -103,7 +103,7 @@ def run_case(
     out["experts"] = {k: _cost_dict(p.cost) for k, p in plans.items() if k != "replicated"}
     if "replicated" in plans:
         out["replicated"] = _cost_dict(plans["replicated"].cost)
-    out["searched"]["is_replicated"] = not any(any(s) for s in plan.in_shardings.values())
+    out["searched"]["is_replicated"] = not any(any(s) for s in plan.input_tilings.values())
     best = best_expert(plans) if experts == "all" else None
     if best is not None:
         name, eplan = best
@@ -127,7 +127,7 @@ def run_case(
                 c.size,
                 c.overrides,
                 c.mesh,
-                json.dumps({k: list(v) for k, v in sorted(p.in_shardings.items())}),
+                json.dumps({k: list(v) for k, v in sorted(p.input_tilings.items())}),
             )
             try:
                 if xla_cache is not None and key in xla_cache:

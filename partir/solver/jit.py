@@ -67,8 +67,8 @@ def plan_jit(plan, mesh: Mesh | None = None, *, donate: bool = False, constrain:
     def named(sharding) -> NamedSharding:
         return NamedSharding(mesh, to_spec(sharding))
 
-    in_flat = [named(plan.in_shardings[p]) for p in prog.inputs]
-    out_flat = [named(plan.out_shardings[p]) for p in prog.outputs]
+    in_flat = [named(plan.input_tilings[p]) for p in prog.inputs]
+    out_flat = [named(plan.output_tilings[p]) for p in prog.outputs]
     in_shardings = jax.tree_util.tree_unflatten(prog.in_tree, in_flat)
     out_shardings = jax.tree_util.tree_unflatten(prog.out_tree, out_flat)
     value_spec: Callable[[int], PartitionSpec] = lambda v: to_spec(plan.value_sharding(v))  # noqa: E731

@@ -134,7 +134,7 @@ def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tupl
     one, two = proxy.shallow
     try:
         p2 = solve(two, progress=progress, baselines=False)
-        specs = {escape_path(p): to_spec(s) for p, s in p2.in_shardings.items()}
+        specs = {escape_path(p): to_spec(s) for p, s in p2.input_tilings.items()}
         p1 = make_plan(one, specs, strict=False)
     except (PlanError, InfeasibleMemory) as e:
         row.update(error=str(e).splitlines()[0], seconds=time.perf_counter() - t)

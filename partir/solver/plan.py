@@ -36,8 +36,8 @@ class Plan:
         state: State | None,
         cost: Cost,
         *,
-        in_shardings: Mapping[str, Sharding] | None = None,
-        out_shardings: Mapping[str, Sharding] | None = None,
+        input_tilings: Mapping[str, Sharding] | None = None,
+        output_tilings: Mapping[str, Sharding] | None = None,
         baselines: Mapping[str, Cost] | None = None,
         search: Mapping[str, Any] | None = None,
         mesh: Mapping[str, int] | None = None,
@@ -56,25 +56,27 @@ class Plan:
             mesh = goal.sizes
         self.mesh = dict(mesh)
         self.device = device or (goal.device.name if goal else "")
-        if in_shardings is None:
+        if input_tilings is None:
             if goal is None or state is None:
-                raise ValueError("a Plan needs its in_shardings, or a goal and a state")
+                raise ValueError("a Plan needs its input_tilings, or a goal and a state")
             prog, prop = goal.program, goal.propagator
-            in_shardings = {p: prop.sharding(state, v) for p, v in prog.inputs.items()}
-            out_shardings = {}
+            input_tilings = {p: prop.sharding(state, v) for p, v in prog.inputs.items()}
+            output_tilings = {}
             for p, v in prog.outputs.items():
                 src = prog.carried.get(p)
-                out_shardings[p] = in_shardings[src] if src else prop.sharding(state, v)
-        self.in_shardings = dict(in_shardings)
-        self.out_shardings = dict(out_shardings or {})
+                output_tilings[p] = input_tilings[src] if src else prop.sharding(state, v)
+        # per input / output path, partir's tiling: for each dim, the mesh axes cutting it
+        # (`specs` gives them as PartitionSpecs, `shardings()` as jax NamedShardings)
+        self.input_tilings = dict(input_tilings)
+        self.output_tilings = dict(output_tilings or {})
 
     @property
     def specs(self) -> dict[str, PartitionSpec]:
-        return {p: to_spec(s) for p, s in self.in_shardings.items()}
+        return {p: to_spec(s) for p, s in self.input_tilings.items()}
 
     @property
     def out_specs(self) -> dict[str, PartitionSpec]:
-        return {p: to_spec(s) for p, s in self.out_shardings.items()}
+        return {p: to_spec(s) for p, s in self.output_tilings.items()}
 
     def value_sharding(self, vid: int) -> Sharding:
         if self.goal is None or self.state is None:
@@ -108,7 +110,7 @@ class Plan:
         one `**/blocks/*/attn/query/kernel` rule when they and the repeated layers agree;
         otherwise the rule narrows (one layer, one argument, one path) just enough.
         Applying the rules in order gives back exactly this plan's input specs."""
-        return [(p, to_spec(s)) for p, s in partition_rules(self.in_shardings)]
+        return [(p, to_spec(s)) for p, s in partition_rules(self.input_tilings)]
 
     def logical_axis_rules(self, logical, *, strict: bool = True) -> list[tuple[str, Any]]:
         """This plan as MaxText/T5X `logical_axis_rules`, for args whose dims carry the
@@ -178,8 +180,8 @@ class Plan:
                 "format": FORMAT,
                 "mesh": self.mesh,
                 "device": self.device,
-                "specs": {p: spec_to_json(s) for p, s in self.in_shardings.items()},
-                "out_specs": {p: spec_to_json(s) for p, s in self.out_shardings.items()},
+                "specs": {p: spec_to_json(s) for p, s in self.input_tilings.items()},
+                "out_specs": {p: spec_to_json(s) for p, s in self.output_tilings.items()},
                 "cost": self.cost.to_dict(),
                 "baselines": {k: c.to_dict() for k, c in self.baselines.items()},
                 "search": self.search,
@@ -235,8 +237,8 @@ class Plan:
             None,
             None,
             Cost.from_dict(d["cost"]),
-            in_shardings={p: spec_from_json(e) for p, e in d["specs"].items()},
-            out_shardings={p: spec_from_json(e) for p, e in d["out_specs"].items()},
+            input_tilings={p: spec_from_json(e) for p, e in d["specs"].items()},
+            output_tilings={p: spec_from_json(e) for p, e in d["out_specs"].items()},
             baselines={k: Cost.from_dict(c) for k, c in d.get("baselines", {}).items()},
             search=d.get("search", {}),
             mesh=d["mesh"],
@@ -244,9 +246,9 @@ class Plan:
         )
 
     def __repr__(self) -> str:
-        sharded = sum(1 for s in self.in_shardings.values() if any(s))
+        sharded = sum(1 for s in self.input_tilings.values() if any(s))
         return (
-            f"Plan({sharded}/{len(self.in_shardings)} inputs sharded, "
+            f"Plan({sharded}/{len(self.input_tilings)} inputs sharded, "
             f"step {self.cost.step_time_s:.3g} s, peak {self.cost.peak_memory_bytes} B)"
         )
 
@@ -402,7 +404,7 @@ def replay(goal: Goal, d: Mapping[str, Any]) -> Plan:
         state = prop.apply_all(state, decisions)[0]
     plan = Plan(goal, state, goal.cost_model.cost(state), search=d.get("search", {}))
     want = {p: specs.get(p, ((),) * len(prog.values[v].shape)) for p, v in prog.inputs.items()}
-    if plan.in_shardings == want:
+    if plan.input_tilings == want:
         plan.decisions = calls
     else:
         plan = make_plan(goal, {p: to_spec(s) for p, s in specs.items()})

@@ -192,8 +192,8 @@ def named_shardings(plan: Any, mesh: Mesh | None = None) -> tuple[Any, Any]:
         raise PlanError("this plan has no goal (it was read from JSON alone); read it with goal=")
     prog = plan.goal.program
     mesh = plan_mesh(plan, mesh)
-    ins = [NamedSharding(mesh, to_spec(plan.in_shardings[p])) for p in prog.inputs]
-    outs = [NamedSharding(mesh, to_spec(plan.out_shardings[p])) for p in prog.outputs]
+    ins = [NamedSharding(mesh, to_spec(plan.input_tilings[p])) for p in prog.inputs]
+    outs = [NamedSharding(mesh, to_spec(plan.output_tilings[p])) for p in prog.outputs]
     return (
         jax.tree_util.tree_unflatten(prog.in_tree, ins),
         jax.tree_util.tree_unflatten(prog.out_tree, outs),

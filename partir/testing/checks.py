@@ -26,23 +26,26 @@ def check_plan(goal, plan) -> None:
     of the args pytree present, axes in the mesh and once per value, sizes dividing, and
     carried state leaving with the sharding it came in with."""
     prog = goal.program
-    if set(plan.in_shardings) != set(prog.inputs):
-        missing = sorted(set(prog.inputs) - set(plan.in_shardings))
-        extra = sorted(set(plan.in_shardings) - set(prog.inputs))
+    if set(plan.input_tilings) != set(prog.inputs):
+        missing = sorted(set(prog.inputs) - set(plan.input_tilings))
+        extra = sorted(set(plan.input_tilings) - set(prog.inputs))
         raise InvalidPlan(
             f"plan paths do not match the args: missing {missing[:3]}, unknown {extra[:3]}"
         )
-    for paths, shardings in ((prog.inputs, plan.in_shardings), (prog.outputs, plan.out_shardings)):
+    for paths, shardings in (
+        (prog.inputs, plan.input_tilings),
+        (prog.outputs, plan.output_tilings),
+    ):
         for path, vid in paths.items():
             try:
                 check_sharding(path, prog.values[vid].shape, shardings[path], goal.mesh)
             except ValueError as err:
                 raise InvalidPlan(str(err)) from None
     for out, src in prog.carried.items():
-        if plan.out_shardings[out] != plan.in_shardings[src]:
+        if plan.output_tilings[out] != plan.input_tilings[src]:
             raise InvalidPlan(
-                f"{out} leaves with {plan.out_shardings[out]} but {src} comes in "
-                f"with {plan.in_shardings[src]}"
+                f"{out} leaves with {plan.output_tilings[out]} but {src} comes in "
+                f"with {plan.input_tilings[src]}"
             )
     if plan.state is not None:
         prop = goal.propagator
