@@ -13,7 +13,9 @@ estimated compute and step time, and the roofline ideal of the same step:
 with N parameters, T tokens per step, L layers, d the model width, S the sequence length: the
 forward, backward and the rematerialised forward of every matmul (8 N T) and of attention's
 two S x S products (16 L d S T), as PaLM's MFU counts them. Compute and step time are
-estimates of partir's cost model; the ideal is arithmetic.
+estimates of partir's cost model; the ideal is arithmetic. Where the plan splits a mesh axis
+in two parts (16 tensor ways over 8 key-value heads: `tensor:0` x `tensor:1`, see
+partir/solver/subaxes.py), the parts are named after the ratio.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASES = [
-    # (label, preset, mesh); the issue's 70B mesh first: 16 tensor ways over 8 kv heads
+    # (label, preset, mesh); the issue's 70B mesh first: 16 tensor ways over 8 kv heads, split
     ("70b 16x16x16", "70b", {"data": 16, "fsdp": 16, "tensor": 16}),
     ("70b 16x32x8", "70b", {"data": 16, "fsdp": 32, "tensor": 8}),
     ("8b 4x16x4", "8b", {"data": 4, "fsdp": 16, "tensor": 4}),
@@ -79,6 +81,7 @@ def run(seconds: float) -> list[dict]:
                 "step_s": c.step_time_s,
                 "ideal_s": ideal,
                 "compute_over_ideal": c.compute_s / ideal,
+                "split": ", ".join(a for a in plan.mesh if a not in mesh),
             }
         )
         print(f"  {label}: {wall:.1f} s", file=sys.stderr, flush=True)
@@ -105,6 +108,7 @@ def main() -> int:
             f"{r['case']:<14}{r['chips']:>6}{r['solve_s']:>7.1f}s{peak:>22}"
             f"{r['compute_s']:>15.3f}s{r['step_s']:>12.3f}s{r['ideal_s']:>8.3f}s"
             f"{r['compute_over_ideal']:>14.2f}x"
+            + (f"  on {r['split']}" if r["split"] else "")
         )
     return 0
 

@@ -171,6 +171,8 @@ def cmd_solve(args) -> int:
         console.print(_cost_table("cost per device", plan.cost, plan.baselines))
         if plan.search.get("meshes"):
             console.print(_mesh_table(plan))
+        if plan.search.get("splits"):
+            console.print(_split_table(plan))
         s = plan.search
         console.print(
             f"searched {s['episodes']} episodes in {s['seconds']:.2f} s; actions "
@@ -193,7 +195,7 @@ def cmd_solve(args) -> int:
             f"{fmt_bytes(plan.cost.peak_memory_bytes)} per device (estimate), the limit is "
             f"{fmt_bytes(goal.memory_limit)}"
         )
-        largest = goal.cost_model.peak_buffers(plan.state)
+        largest = plan.goal.cost_model.peak_buffers(plan.state)
         console.print(f"error: {message}; the largest buffers live at its peak:")
         for nbytes, what in largest:
             console.print(f"  {fmt_bytes(nbytes):>12}  {what}")
@@ -211,24 +213,38 @@ def cmd_solve(args) -> int:
 
 
 def _mesh_table(plan):
-    from rich.table import Table
-
     from partir.solver.mesh_search import mesh_rows
 
-    t = Table(
-        title=f"mesh shapes tried ({plan.goal.num_devices} devices)",
-        title_justify="left",
-        caption="step and peak memory per device are estimates of the cost model; every "
+    return _shapes_table(
+        f"mesh shapes tried ({plan.goal.num_devices} devices)",
+        "step and peak memory per device are estimates of the cost model; every "
         "shape is searched briefly, the best again in full",
-        caption_justify="left",
+        mesh_rows(plan),
     )
+
+
+def _shapes_table(title: str, caption: str, rows: list[tuple[str, str, str, str]]):
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     t.add_column("mesh")
     t.add_column("step", justify="right")
     t.add_column("peak", justify="right")
     t.add_column("")
-    for row in mesh_rows(plan):
+    for row in rows:
         t.add_row(*row)
     return t
+
+
+def _split_table(plan):
+    from partir.solver.subaxes import split_rows
+
+    return _shapes_table(
+        "mesh axes split in two parts (`tensor:0` major, `tensor:1` minor)",
+        "a megatron axis wider than a weight's dim is searched whole and split; step and "
+        "peak memory per device are estimates of the cost model",
+        split_rows(plan),
+    )
 
 
 def _print_error(message: str, code: int, **numbers) -> None:

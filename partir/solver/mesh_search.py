@@ -176,7 +176,7 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
         if on_mesh is not None:
             on_mesh(row)
     if not found and not costs:
-        reasons = "; ".join(f"{_mesh_str(r['mesh'])}: {r['error']}" for r in rows[:3])
+        reasons = "; ".join(f"{mesh_str(r['mesh'])}: {r['error']}" for r in rows[:3])
         more = f" (and {len(rows) - 3} more)" if len(rows) > 3 else ""
         raise PlanError(f"no mesh shape of {goal.num_devices} devices works: {reasons}{more}")
     if screen:
@@ -205,7 +205,7 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
             best = plan
     if best is None:  # the screening kept shapes whose full search then failed
         reasons = "; ".join(
-            f"{_mesh_str(r['mesh'])}: {r['error']}" for r in rows if r["round"] == "searched"
+            f"{mesh_str(r['mesh'])}: {r['error']}" for r in rows if r["round"] == "searched"
         )
         raise PlanError(f"no mesh shape of {goal.num_devices} devices works: {reasons}")
     for r in rows:
@@ -219,7 +219,7 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
     return best
 
 
-def _mesh_str(mesh: dict[str, int]) -> str:
+def mesh_str(mesh: dict[str, int]) -> str:
     return " x ".join(f"{a}={s}" for a, s in mesh.items())
 
 
@@ -230,7 +230,7 @@ def mesh_rows(plan: Any) -> list[tuple[str, str, str, str]]:
     out = []
     for r in plan.search.get("meshes", []):
         if "error" in r:
-            out.append((_mesh_str(r["mesh"]), "-", "-", r["error"]))
+            out.append((mesh_str(r["mesh"]), "-", "-", r["error"]))
             continue
         notes = [f"{r['round']} ({r['episodes']} episodes)"]
         if "estimate" in r:
@@ -241,7 +241,7 @@ def mesh_rows(plan: Any) -> list[tuple[str, str, str, str]]:
             notes.append("chosen")
         out.append(
             (
-                _mesh_str(r["mesh"]),
+                mesh_str(r["mesh"]),
                 fmt_seconds(r["step_time_s"]),
                 fmt_bytes(r["peak_memory_bytes"]),
                 ", ".join(notes),

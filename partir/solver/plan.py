@@ -89,9 +89,9 @@ class Plan:
         from partir.solver.jit import plan_jit
         from partir.solver.spec_tree import plan_mesh
 
-        if mesh is not None or (self.goal is not None and self.goal.jax_mesh is not None):
-            mesh = plan_mesh(self, mesh)
-        return plan_jit(self, mesh, donate=donate, constrain=constrain)
+        if self.goal is None:
+            raise ValueError("this plan has no goal (it was read from JSON alone); pass goal=")
+        return plan_jit(self, plan_mesh(self, mesh), donate=donate, constrain=constrain)
 
     def shardings(self, mesh=None):
         """`(in_shardings, out_shardings)`: pytrees of `NamedSharding` shaped like the
@@ -206,6 +206,7 @@ class Plan:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             found = d.get("format") if isinstance(d, dict) else type(d).__name__
             raise _at(PlanError(f"not a {FORMAT} file (format is {found!r})"), "format")
+        goal = _split_as_planned(goal, d.get("mesh"))
         if goal is not None and d.get("mesh") != goal.mesh:
             raise _at(
                 PlanError(
@@ -388,6 +389,19 @@ def partition_rules(shardings: Mapping[str, Sharding]) -> list[tuple[str, Shardi
                 break
     rules.append(("**", ()))
     return rules
+
+
+def _split_as_planned(goal: Goal | None, mesh: Any) -> Goal | None:
+    """`goal` with its axes split as the plan file's `mesh` splits them (see subaxes)."""
+    from partir.solver import subaxes
+
+    if goal is None or not isinstance(mesh, dict) or not subaxes.is_split(mesh):
+        return goal
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in mesh.values()):
+        return goal
+    if subaxes.is_split(goal.sizes) or subaxes.parent_sizes(mesh) != goal.mesh:
+        return goal
+    return subaxes.split_goal(goal, mesh)
 
 
 def replay(goal: Goal, d: Mapping[str, Any]) -> Plan:

@@ -23,6 +23,7 @@ from partir.solver.programs import CopiesMismatch, Programs, afresh
 from partir.solver.prune import prune_actions
 from partir.solver.reward import Reward, better, metric
 from partir.solver.shallow_copies import ShallowCopies, make_shallow_copies
+from partir.solver.subaxes import solve_splits
 from partir.solver.zero_dims import choose_zero_dims
 from partir.strategies import Auto
 from partir.strategies.compile import AxisProblem, schedule_axes
@@ -50,12 +51,19 @@ def solve(
     progress: Callable[[str, int, float, float], None] | None = None,
     baselines: bool = True,
 ) -> Plan:
-    """Search the goal's schedule for a plan; the best so far on budget end or Ctrl-C."""
+    """Search the goal's schedule for a plan; the best so far on budget end or Ctrl-C.
+    Where a megatron axis is too wide for a weight's dim, its splits are searched too, each
+    with the goal's budget (see `subaxes`)."""
     from partir.solver.baselines import expert_plans
 
     t0 = time.perf_counter()
     with paused_gc():
         plan = _search(goal, t0, progress)
+        plan.search["seconds"] = time.perf_counter() - t0
+        # a megatron axis too wide for some weight dim: also searched split in two parts
+        plan = solve_splits(
+            goal, plan, lambda split: solve(split, progress=progress, baselines=False)
+        )
         plan.search["seconds"] = time.perf_counter() - t0
         if baselines:
             plan.baselines = {"replicated": goal.cost_model.cost(goal.propagator.empty())}

@@ -17,6 +17,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from partir.ir.program import path_str
 from partir.ir.specs import PlanError, to_spec
+from partir.solver import subaxes
 
 
 def _is_spec(x: Any) -> bool:
@@ -178,8 +179,10 @@ def plan_mesh(plan: Any, mesh: Mesh | None = None) -> Mesh:
     if mesh is None and plan.goal is not None and plan.goal.jax_mesh is not None:
         mesh = plan.goal.jax_mesh
     if mesh is None:
-        return make_mesh(dict(plan.mesh))
+        mesh = make_mesh(subaxes.parent_sizes(plan.mesh))
     theirs = {str(a): int(s) for a, s in mesh.shape.items()}
+    if subaxes.is_split(plan.mesh) and theirs == subaxes.parent_sizes(plan.mesh):
+        return subaxes.refine_mesh(mesh, plan.mesh)  # the user's axes, split as the plan's
     if theirs != dict(plan.mesh):
         raise PlanError(f"the mesh {theirs} is not the plan's mesh {dict(plan.mesh)}")
     return auto_mesh(mesh)

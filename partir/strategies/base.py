@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from partir.ir.groups import Action, Group, dims_that_divide
@@ -63,11 +64,20 @@ class AxisContext:
     def size(self) -> int:
         return self.goal.sizes[self.axis]
 
-    def free_dims(self, vid: int) -> list[int]:
-        """Dims of `vid` that the axis divides and no earlier axis tiles."""
+    def free_dims(self, vid: int, minor_to: Collection[str] = ()) -> list[int]:
+        """Dims of `vid` that the axis divides and no earlier axis tiles; with `minor_to`,
+        also the dims that only those axes tile, where the axis divides what they leave."""
         prog, prop = self.goal.program, self.goal.propagator
         sharding = prop.sharding(self.state, vid)
-        return [d for d in dims_that_divide(prog.values[vid].shape, self.size) if not sharding[d]]
+        shape = prog.values[vid].shape
+        out = []
+        for d, axes in enumerate(sharding):
+            if axes and not set(axes) <= set(minor_to):
+                continue
+            left, uneven = divmod(shape[d], math.prod(self.goal.sizes[a] for a in axes))
+            if not uneven and dims_that_divide((left,), self.size):
+                out.append(d)
+        return out
 
     def divisible_dims(self, vid: int, priority: int) -> list[int]:
         """Dims the axis can tile, also those an earlier axis tiles (it then goes minor)."""

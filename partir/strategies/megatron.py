@@ -1,6 +1,7 @@
 """`megatron`: tensor parallelism. The search may tile the weights that feed a matmul
 (rank >= 2, through converts and reshapes) on any dim the axis divides and no earlier axis
-tiles, and a table that is only looked up (an untied embedding) on its looked-up dim, as
+tiles, or that only earlier megatron axes tile (it then goes minor: megatron on `tensor:0`
+and `tensor:1`, the two parts of a split axis, cuts query heads the whole 16 ways), and a table that is only looked up (an untied embedding) on its looked-up dim, as
 Megatron-LM's vocab-parallel embedding does (each device looks up the rows it holds; an
 all-reduce completes the lookup); data inputs are kept whole on the axis. It does not pin
 the residual stream: the cost model charges whatever a choice implies, and the search keeps
@@ -24,11 +25,14 @@ class Megatron(Strategy):
     def constrain(self, ctx: AxisContext, priority: int) -> Constraints:
         weights = matmul_operands(ctx.goal.program)
         tables = gathered_tables(ctx.goal.program)
+        stacks_on = {
+            s.axis for s in ctx.goal.schedule if isinstance(s, Megatron) and s.axis != self.axis
+        }
         actions = []
         for g in ctx.groups:
             if not g.params or len(g.shape) < 2:
                 continue
-            free = ctx.free_dims(g.members[0])
+            free = ctx.free_dims(g.members[0], minor_to=stacks_on)
             if any(v in weights for v in g.params):
                 actions += [Action(g.name, d, g.members) for d in free]
             else:
