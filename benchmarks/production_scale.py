@@ -107,8 +107,7 @@ def main() -> int:
         print(
             f"{r['case']:<14}{r['chips']:>6}{r['solve_s']:>7.1f}s{peak:>22}"
             f"{r['compute_s']:>15.3f}s{r['step_s']:>12.3f}s{r['ideal_s']:>8.3f}s"
-            f"{r['compute_over_ideal']:>14.2f}x"
-            + (f"  on {r['split']}" if r["split"] else "")
+            f"{r['compute_over_ideal']:>14.2f}x" + (f"  on {r['split']}" if r["split"] else "")
         )
     return 0
 

@@ -75,6 +75,48 @@ def test_expert_finds_moe_weights_by_structure():
     assert plan.specs["params/MoeBlock_0/wo"][0] == "expert"
 
 
+def _routed_step(params, batch):
+    """Top-1 routing by gathering each token's expert weights (`w[top_k(logits)]`), beside
+    an embedding looked up by token ids: only the experts' weights are MoE weights."""
+
+    def loss(p):
+        x = p["embed"][batch["tokens"]]  # (tokens, d)
+        _, chosen = jax.lax.top_k(x @ p["router"], 1)  # (tokens, 1)
+        h = jax.nn.relu(jnp.einsum("td,tdf->tf", x, p["w_in"][chosen[:, 0]]))
+        return jnp.sum(jnp.einsum("tf,tfd->td", h, p["w_out"][chosen[:, 0]]) ** 2)
+
+    g = jax.grad(loss)(params)
+    return jax.tree_util.tree_map(lambda w, d: w - 1e-3 * d, params, g)
+
+
+def test_expert_finds_weights_a_router_dispatches_by_index():
+    from partir.ir.groups import expert_dims
+
+    f32 = jnp.float32
+    params = {
+        "embed": jax.ShapeDtypeStruct((64, 16), f32),
+        "router": jax.ShapeDtypeStruct((16, 4), f32),
+        "w_in": jax.ShapeDtypeStruct((4, 16, 32), f32),
+        "w_out": jax.ShapeDtypeStruct((4, 32, 16), f32),
+    }
+    batch = {"tokens": jax.ShapeDtypeStruct((8,), jnp.int32)}
+    goal = partir.Goal(
+        _routed_step,
+        (params, batch),
+        {"expert": 4},
+        schedule=[S.expert("expert")],
+        search=partir.Search(seed=0, episodes=5),
+    )
+    prog = goal.program
+    found = {prog.input_paths[v]: d for v, d in expert_dims(prog).items()}
+    assert found == {"params/w_in": 0, "params/w_out": 0}  # not the embedding, not the router
+    plan = partir.solve(goal, baselines=False)
+    assert plan.specs["params/w_in"][0] == plan.specs["params/w_out"][0] == "expert"
+    from partir.testing.checks import check_numerics
+
+    assert check_numerics(goal, plan) < 1e-5  # each device gathers from the experts it holds
+
+
 def test_expert_that_tiles_nothing_says_so():
     goal = partir.Goal(
         _moe_step, _moe_args(experts=3), {"expert": 2}, schedule=[S.expert("expert")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 from partir.ir.program import Program
 from partir.ir.propagate import Decision, Propagator, State, attach_rules
@@ -186,11 +187,34 @@ def _same_dim(rule: Rule, src: int, dim: int, dst: int) -> int | None:
     return next((d for d, fs in enumerate(tensors[dst] or ()) if fs[:1] == factors), None)
 
 
-def gathered_tables(prog: Program) -> dict[int, int]:
+ROUTERS = frozenset(("top_k", "argmax", "argmin", "argsort"))  # what picks experts by score
+
+
+def routed(prog: Program, op: Any) -> bool:
+    """Whether gather `op`'s indices come from a router: a `top_k` / `argmax` of scores
+    (`w_in[top_k(logits)[1]]`), not from the data (token ids)."""
+    frontier, seen = [op.inputs[1]], {op.inputs[1]}
+    while frontier:
+        v = frontier.pop()
+        i = prog.producer[v] if v is not None else None
+        if i is None:
+            continue
+        producer = prog.ops[i]
+        if producer.primitive in ROUTERS:
+            return True
+        for w in producer.inputs:
+            if w is not None and w not in seen:
+                seen.add(w)
+                frontier.append(w)
+    return False
+
+
+def gathered_tables(prog: Program, *, by_router: bool = False) -> dict[int, int]:
     """{input: its looked-up dim}: inputs whose value, through dtype converts, copies,
     reshapes, transposes and loop links, is a gather's operand indexed on a dim that the
     gather's rule makes a reduction (an embedding's vocabulary: each device looks up the
-    rows it holds and an all-reduce completes the result)."""
+    rows it holds and an all-reduce completes the result). With `by_router`, only gathers
+    whose indices a router chose (`routed`): experts' weights dispatched by index."""
     through = {"convert_element_type", "reshape", "transpose", "copy", "_link"}
     attach_rules(prog)
     out: dict[int, int] = {}
@@ -203,6 +227,8 @@ def gathered_tables(prog: Program) -> dict[int, int]:
                     op = prog.ops[i]
                     if op.primitive == "gather" and op.inputs[0] == v:
                         fs = op.rule.operands[0][d]
+                        if by_router and not routed(prog, op):
+                            continue
                         if len(fs) == 1 and op.rule.kinds[fs[0]] is Kind.REDUCTION:
                             out[vid] = d0
                             break
@@ -229,9 +255,10 @@ def gathered_tables(prog: Program) -> dict[int, int]:
 def expert_dims(prog: Program) -> dict[int, int]:
     """{input: its experts dim}, found by structure: an input whose dim is a batch dim of a
     dot_general it reaches through dtype converts and copies (a scanned layer stack reaches
-    it through the loop, one dim further in), as `einsum("ecd,edf->ecf", x, w)` does."""
+    it through the loop, one dim further in), as `einsum("ecd,edf->ecf", x, w)` does; or
+    the dim a router's choice indexes (`w[top_k(logits)[1]]`, see `routed`)."""
     through = {"convert_element_type", "copy"}
-    out: dict[int, int] = {}
+    out: dict[int, int] = gathered_tables(prog, by_router=True)
     for vid in prog.inputs.values():
         frontier, seen = [(vid, 0)], {vid}
         while frontier and vid not in out:

@@ -2,7 +2,7 @@
 weight is tiled on the axis, where the axis divides it and no earlier axis tiles it. A MoE
 weight is found by structure: a parameter whose dim is a batch dim of a matmul
 (`einsum("ecd,edf->ecf", x, w)`, `ir.groups.expert_dims`; in a scanned layer stack, one dim
-further in); or by name: rank >= 3 with `moe` or `experts` in its path (dim 0). `params=`
+further in), or whose dim a router's choice indexes (`w[top_k(logits)[1]]`); or by name: rank >= 3 with `moe` or `experts` in its path (dim 0). `params=`
 globs override both: the parameters they match are the MoE weights (their experts dim found
 by structure, else dim 0), and no others. An expert axis that finds no such weight is an
 error, not a no-op.
