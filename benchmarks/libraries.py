@@ -13,10 +13,15 @@ benchmarks/library_steps.py), on 8 fake CPU devices, per device:
   held to XLA's (an estimate against a measurement);
 - partir's plan: `partir.solve` with the case's schedule, compiled by `plan.jit`
   (donating the state too), the same XLA figures. With `--limit library` (the default) its
-  memory limit is what XLA allocates for the library's plan: the question a user asks of a
-  library's plan is whether another fits the same memory and moves less; with `--limit
-  device` the limit is the device's HBM, where these small models fit unsharded and the
-  search rightly prefers data parallelism (fewer bytes moved, more memory).
+  memory limit is partir's estimate of the library plan's peak: the question a user asks
+  of a library's plan is whether another fits the same memory and moves less, and the same
+  model judges both; with `--limit device` the limit is the device's HBM, where these small
+  models fit unsharded and the search rightly prefers data parallelism (fewer bytes moved,
+  more memory);
+- the library's plan run by partir's `plan.jit` (its input specs, every operand resharded
+  as the cost model prices it): XLA's collective bytes, the `pinned` column. Left to
+  itself, XLA may reshard the library's plan another way and move more; partir's estimate
+  is of the plan as `plan.jit` runs it.
 
 The table gives partir / library for both (the issue's bar: collectives <= 1.05,
 allocation <= 1.10) and partir's estimate / XLA for the library's plan (bar: within 10%).
@@ -99,6 +104,7 @@ class Row:
     estimate_by_kind: dict[str, int] = field(default_factory=dict)
     partir_plan_specs: dict[str, str] = field(default_factory=dict)
     memory_limit: int | None = None  # partir's limit (None: the device's HBM)
+    library_pinned: Measured | None = None  # the library's plan run by partir's plan.jit
     seconds: float = 0.0
     note: str = ""
     error: str | None = None
@@ -203,17 +209,24 @@ def run_case(case: Case, seconds: float, log=print, limit: str = "library") -> R
         jitted = step.library_jit() if step.library_jit else library_jit(goal, step, mesh)
         with jax.set_mesh(mesh):
             row.library = _measure(jitted.lower(*args))
-        if limit == "library":
-            row.memory_limit = row.library.allocated_bytes
-            goal = goal.replace(memory_limit=row.memory_limit)
         try:
-            cost = partir.evaluate(goal, library_specs_by_path(goal, step))
+            library_plan = partir.plan(goal, library_specs_by_path(goal, step))
+            cost = library_plan.cost
             row.estimate_by_kind = {
                 k: v for k, v in as_cpu_kinds(cost.bytes_by_kind()).items() if v
             }
             row.estimate_collective_bytes = sum(row.estimate_by_kind.values())
+            # the library's plan as plan.jit runs it (operands resharded as the model prices)
+            row.library_pinned = _measure(library_plan.jit(mesh, donate=True).lower(*args))
         except Exception as e:  # the library's plan may not be expressible: say why
             row.note += f" evaluate failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+            cost = None
+        if limit == "library":
+            # the library's plan's peak by partir's own model (XLA's allocation where the
+            # plan cannot be evaluated): a plan is kept only if the same model says it
+            # needs no more
+            row.memory_limit = cost.peak_memory_bytes if cost else row.library.allocated_bytes
+            goal = goal.replace(memory_limit=row.memory_limit)
         log(f"  {case.name}: searching ({seconds:g} s) and compiling partir's plan")
         plan = partir.solve(goal, baselines=False)
         if not plan.cost.fits:
@@ -243,7 +256,7 @@ def _r(x: float | None, bar: float | None = None) -> str:
 def table(rows: list[Row]) -> str:
     head = (
         f"{'case':<20}{'mesh':<10}{'coll lib':>9}{'partir':>9}{'ratio':>7}"
-        f"{'alloc lib':>11}{'partir':>9}{'ratio':>7}{'est/XLA':>9}"
+        f"{'alloc lib':>11}{'partir':>9}{'ratio':>7}{'est/XLA':>9}{'pinned':>9}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -260,17 +273,19 @@ def table(rows: list[Row]) -> str:
             f"{_r(r.ratio('collective_bytes'), COLLECTIVE_BAR):>7}"
             f"{_b(lib.allocated_bytes):>11}{_b(par.allocated_bytes):>9}"
             f"{_r(r.ratio('allocated_bytes'), ALLOCATION_BAR):>7}{est_s:>9}"
+            f"{_b(r.library_pinned.collective_bytes if r.library_pinned else None):>9}"
         )
     lines += [
         "",
         "coll: XLA's collective bytes per device per step; alloc: XLA's arguments + outputs +",
         "temporaries - aliased, per device; ratio: partir / library ('!' past the bar: 1.05",
         "collectives, 1.10 allocation); est/XLA: partir.evaluate's collective bytes for the",
-        "library's plan over XLA's ('!' off by more than 10%). XLA:CPU carries bf16 collectives",
+        "library's plan over XLA's ('!' off by more than 10%); pinned: XLA's collective bytes",
+        "for the library's plan run by partir's plan.jit. XLA:CPU carries bf16 collectives",
         "in f32.",
     ]
     if any(r.memory_limit for r in rows):
-        lines.append("partir's memory limit: XLA's allocation for the library's plan (--limit).")
+        lines.append("partir's memory limit: its estimate of the library plan's peak (--limit).")
     plans = [
         f"  {r.case}: {r.library_plan}" + (f" ({r.note.strip()})" if r.note.strip() else "")
         for r in rows

@@ -25,6 +25,7 @@ from typing import Any
 from partir.goal import Goal, shared_traces
 from partir.ir.messages import fmt_bytes
 from partir.ir.specs import PlanError
+from partir.solver import subaxes
 from partir.solver.plan import make_plan
 
 
@@ -134,6 +135,8 @@ def _screen_one(goal: Goal, mesh: dict[str, int], search: Any, progress) -> tupl
     one, two = proxy.shallow
     try:
         p2 = solve(two, progress=progress, baselines=False)
+        if subaxes.is_split(p2.mesh):  # the 2-layer copy's plan splits an axis: so must one
+            one = subaxes.split_goal(one, p2.mesh)
         specs = {escape_path(p): to_spec(s) for p, s in p2.input_tilings.items()}
         p1 = make_plan(one, specs, strict=False)
     except (PlanError, InfeasibleMemory) as e:
@@ -208,10 +211,11 @@ def _solve_meshes(goal, t0, progress, baselines, on_mesh) -> Any:
             f"{mesh_str(r['mesh'])}: {r['error']}" for r in rows if r["round"] == "searched"
         )
         raise PlanError(f"no mesh shape of {goal.num_devices} devices works: {reasons}")
+    shape = subaxes.parent_sizes(best.mesh)  # the shape chosen (its axes maybe split)
     for r in rows:
-        r["chosen"] = r["mesh"] == best.mesh and r["round"] == "searched"
+        r["chosen"] = r["mesh"] == shape and r["round"] == "searched"
     if baselines:
-        g = best.goal
+        g = with_mesh(goal, shape)
         best.baselines = {"replicated": g.cost_model.cost(g.propagator.empty())}
         best.baselines.update({name: p.cost for name, p in expert_plans(g).items()})
     best.search["meshes"] = rows
