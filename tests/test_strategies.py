@@ -117,6 +117,15 @@ def test_expert_finds_weights_a_router_dispatches_by_index():
     assert check_numerics(goal, plan) < 1e-5  # each device gathers from the experts it holds
 
 
+def test_expert_by_name_reads_maxtext_blocks_and_leaves_the_router():
+    from partir.strategies.expert import _named_moe
+
+    assert _named_moe("decoder/layers/MoeBlock_0/wi_0/value")
+    assert _named_moe("model/block_sparse_moe/experts/0/w1")
+    assert not _named_moe("decoder/layers/MoeBlock_0/gate/kernel/value")  # the router
+    assert not _named_moe("params/remove/w") and not _named_moe("params/amoeba/w")
+
+
 def test_expert_that_tiles_nothing_says_so():
     goal = partir.Goal(
         _moe_step, _moe_args(experts=3), {"expert": 2}, schedule=[S.expert("expert")]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from partir.ir.program import Program
 from partir.ir.rules import Kind, Rule, link_rule, rule_for
@@ -195,6 +195,26 @@ class Propagator:
                 state = self.apply_all(state, self.seed)[0]
             self._empty[frozen] = state
         return state
+
+    def seeded(self, frozen: Iterable[int], decisions: Sequence[Decision]) -> tuple[State, list]:
+        """`apply_all` of input decisions (data at the lowest priority, state after) with
+        the seed applied together with the state's decisions, so that each value takes the
+        sharding of the nearer of the two: the input shardings and the user's constraints
+        are both the user's, and XLA propagates from both. A weight stack then keeps its
+        own sharding up to the loop that reads it, not the one an activation constraint
+        implies through the matmul (MaxText's plan: its activations are constrained on
+        other axes than its weights; seed first, the model priced all-to-alls of every
+        weight that XLA never makes, 2.4x its collective bytes). Where that leaves a
+        constraint unmet, the seed goes first, as in `empty`: constraints always hold."""
+        priorities = sorted({d.priority for d in decisions})
+        if self.seed and priorities:
+            with_state = priorities[1] if len(priorities) > 1 else priorities[0]
+            seed = [dataclasses.replace(d, priority=with_state) for d in self.seed]
+            bare = State({}, frozenset(frozen), 0)
+            state, rejected = self.apply_all(bare, seed + list(decisions))
+            if not any(d in rejected for d in seed):
+                return state, rejected
+        return self.apply_all(self.empty(frozen=frozen), decisions)
 
     def sharding(self, state: State, vid: int) -> Sharding:
         return state.get(vid, len(self.shapes[vid]))

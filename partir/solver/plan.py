@@ -643,7 +643,8 @@ def input_decisions(
     """Decisions that tile the inputs as `specs` ({path or glob: PartitionSpec}) says.
 
     Data inputs (those that are not carried state) get `priority`, state `priority + 1`:
-    the batch is laid out before the parameters, as "batch first" in Shardy's order."""
+    the batch is laid out before the parameters, as the search lays it out (its batch
+    axes first), so a plan and its input shardings propagated afresh agree."""
     prog = goal.program
     state_paths = set(prog.carried.values())
     resolved = resolve(specs, prog.inputs, strict=strict)
@@ -655,9 +656,8 @@ def input_decisions(
             spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec), len(shape)
         )
         check_sharding(path, shape, sharding, goal.sizes)
-        prio = priority + (1 if path in state_paths else 0)
         decisions += [
-            Decision(prio, vid, d, a, position=k)
+            Decision(priority + (1 if path in state_paths else 0), vid, d, a, position=k)
             for d, axes in enumerate(sharding)
             for k, a in enumerate(axes)
         ]
@@ -692,7 +692,7 @@ def make_plan(goal: Goal, specs: Specs | Any, *, strict: bool = True) -> Plan:
     if not strict:
         decisions = [d for d in decisions if not prop.blocks(d.value, d.axis)]
     with paused_gc():
-        state, rejected = prop.apply_all(prop.empty(frozen=prog.inputs.values()), decisions)
+        state, rejected = prop.seeded(prog.inputs.values(), decisions)
     if rejected:
         d = rejected[0]
         why = (

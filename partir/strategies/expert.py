@@ -2,15 +2,17 @@
 weight is tiled on the axis, where the axis divides it and no earlier axis tiles it. A MoE
 weight is found by structure: a parameter whose dim is a batch dim of a matmul
 (`einsum("ecd,edf->ecf", x, w)`, `ir.groups.expert_dims`; in a scanned layer stack, one dim
-further in), or whose dim a router's choice indexes (`w[top_k(logits)[1]]`); or by name: rank >= 3 with `moe` or `experts` in its path (dim 0). `params=`
-globs override both: the parameters they match are the MoE weights (their experts dim found
-by structure, else dim 0), and no others. An expert axis that finds no such weight is an
-error, not a no-op.
+further in), or whose dim a router's choice indexes (`w[top_k(logits)[1]]`); or by name:
+rank >= 3 inside a block named `moe*` or `*_moe*` (MaxText's `MoeBlock_0`) or `experts`,
+its router (`gate`, `router`) aside (dim 0). `params=` globs override both: the parameters
+they match are the MoE weights (their experts dim found by structure, else dim 0), and no
+others. An expert axis that finds no such weight is an error, not a no-op.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -79,8 +81,17 @@ class Expert(Strategy):
         )
 
 
+_MOE_BLOCK = re.compile(r"(^|_)moe")  # moe, MoeBlock_0, sparse_moe; not remove, amoeba
+_ROUTER = frozenset(("gate", "gating", "router"))  # a MoE block's router: not an expert weight
+
+
 def _named_moe(name: str) -> bool:
-    return "moe" in name.split("/") or "experts" in name
+    """A path inside a mixture-of-experts block (`moe/w_in`, MaxText's `MoeBlock_0/wi_0`,
+    `experts/...`) that is not its router (`MoeBlock_0/gate/kernel`)."""
+    parts = [p.lower() for p in name.split("/")]
+    if _ROUTER & set(parts):
+        return False
+    return any(_MOE_BLOCK.search(p) for p in parts) or "experts" in name
 
 
 def expert(axis: str, params: tuple[str, ...] | list[str] | str | None = None) -> Expert:
