@@ -95,6 +95,15 @@ def test_solve_keeps_the_split_when_it_pays_and_runs_it_on_the_users_mesh(tmp_pa
     whole, split = rows
     assert split["chosen"] and split["step_time_s"] < whole["step_time_s"]
     assert plan.mesh == {"data": 2, "tensor:0": 2, "tensor:1": 2}
+    # the CLI's table of both
+    from rich.console import Console
+
+    from partir.cli import _split_table
+
+    console = Console(record=True, width=120)
+    console.print(_split_table(plan))
+    text = console.export_text()
+    assert "data=2 x tensor=4" in text and "tensor:0=2 x tensor:1=2" in text and "chosen" in text
     # the parts' devices are those of the user's axis, in its order
     ins, _ = plan.shardings()
     run_on = jax.tree_util.tree_leaves(ins)[0].mesh

@@ -227,30 +227,27 @@ def mesh_str(mesh: dict[str, int]) -> str:
     return " x ".join(f"{a}={s}" for a, s in mesh.items())
 
 
-def mesh_rows(plan: Any) -> list[tuple[str, str, str, str]]:
-    """(mesh, step, peak, note) per shape tried and round, for a table."""
+def shape_row(r: dict[str, Any], notes: list[str]) -> tuple[str, str, str, str]:
+    """(mesh, step, peak, note) of one mesh tried (its `error`, if it failed), for a table;
+    `notes` are the row's own, before "over the memory limit" and "chosen"."""
     from partir.ir.messages import fmt_seconds
 
+    if "error" in r:
+        return mesh_str(r["mesh"]), "-", "-", r["error"]
+    notes = [*notes, *([] if r["fits"] else ["over the memory limit"])]
+    notes += ["chosen"] if r.get("chosen") else []
+    step, peak = fmt_seconds(r["step_time_s"]), fmt_bytes(r["peak_memory_bytes"])
+    return mesh_str(r["mesh"]), step, peak, ", ".join(notes)
+
+
+def mesh_rows(plan: Any) -> list[tuple[str, str, str, str]]:
+    """(mesh, step, peak, note) per shape tried and round, for a table."""
     out = []
     for r in plan.search.get("meshes", []):
-        if "error" in r:
-            out.append((mesh_str(r["mesh"]), "-", "-", r["error"]))
-            continue
-        notes = [f"{r['round']} ({r['episodes']} episodes)"]
+        notes = [] if "error" in r else [f"{r['round']} ({r['episodes']} episodes)"]
         if "estimate" in r:
             notes.append("on 1- and 2-layer copies, extrapolated")
-        if not r["fits"]:
-            notes.append("over the memory limit")
-        if r.get("chosen"):
-            notes.append("chosen")
-        out.append(
-            (
-                mesh_str(r["mesh"]),
-                fmt_seconds(r["step_time_s"]),
-                fmt_bytes(r["peak_memory_bytes"]),
-                ", ".join(notes),
-            )
-        )
+        out.append(shape_row(r, notes))
     return out
 
 

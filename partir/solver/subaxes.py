@@ -159,17 +159,6 @@ def _row(mesh: Mapping[str, int], plan: Any) -> dict[str, Any]:
 
 def split_rows(plan: Any) -> list[tuple[str, str, str, str]]:
     """(mesh, step, peak, note) per mesh searched, whole and split, for a table."""
-    from partir.ir.messages import fmt_bytes, fmt_seconds
-    from partir.solver.mesh_search import mesh_str
+    from partir.solver.mesh_search import shape_row
 
-    out = []
-    for r in plan.search.get("splits", []):
-        if "error" in r:
-            out.append((mesh_str(r["mesh"]), "-", "-", r["error"]))
-            continue
-        notes = [] if r["fits"] else ["over the memory limit"]
-        if r["chosen"]:
-            notes.append("chosen")
-        peak = fmt_bytes(r["peak_memory_bytes"])
-        out.append((mesh_str(r["mesh"]), fmt_seconds(r["step_time_s"]), peak, ", ".join(notes)))
-    return out
+    return [shape_row(r, []) for r in plan.search.get("splits", [])]
