@@ -352,6 +352,10 @@ MAXTEXT_SMALL = [
     "vocab_size=512",
     "per_device_batch_size=2",
     "max_target_length=64",
+    # f32 activations: XLA:CPU carries bf16 collectives in f32, so with MaxText's default
+    # bf16 its own jit (which gathers the f32 weights) and plan.jit (which reshards after
+    # the bf16 converts) would not be measured alike here
+    "dtype=float32",
 ]
 MAXTEXT_MODELS = {
     "llama2": ["model_name=llama2-7b", "base_num_query_heads=4", "base_num_kv_heads=4"],
@@ -377,8 +381,8 @@ MAXTEXT_MESHES = {  # second axis: fsdp or expert; the first data, the third ten
 def maxtext_step(variant: str, middle: str = "fsdp", *, output_dir: str | None = None):
     """MaxText's own pre-training step (trainers/pre_train/train.py's train_step, as its
     train_compile.py jits it: MaxText's state and data shardings from its logical axis
-    rules, state donated) for a small llama2, mistral or mixtral config (bf16 activations,
-    f32 weights, scanned and rematerialised layers, AdamW), on data x {fsdp|expert} x
+    rules, state donated) for a small llama2, mistral or mixtral config (f32 activations and
+    weights, see MAXTEXT_SMALL; scanned and rematerialised layers, AdamW), on data x {fsdp|expert} x
     tensor. partir searches batch(data), then fsdp(fsdp) or expert(expert), then
     megatron(tensor)."""
     import tempfile

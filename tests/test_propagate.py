@@ -135,3 +135,65 @@ def test_scan_carries_share_one_sharding():
     state = prop.apply(prop.empty(), Decision(0, prog.inputs["w"], 2, "b"))
     # the stacked weight's layer dim stays whole; its columns tile the carry
     assert prop.sharding(state, prog.inputs["w"]) == ((), (), ("b",))
+
+
+def test_relayouts_follow_a_weight_stack_into_the_loop_that_scans_it():
+    from partir.ir.groups import relayouts
+
+    def step(w, x):  # w: (layers, in, out), scanned; each slice cast and transposed
+        def body(h, wl):
+            return jnp.tanh(h @ wl.astype(jnp.bfloat16).T.astype(jnp.float32)) @ wl, None
+
+        return jax.lax.scan(body, x, w)[0]
+
+    prog = trace(step, (jax.ShapeDtypeStruct((3, 16, 8), jnp.float32), jnp.ones((4, 8))))
+    w = prog.inputs["w"]
+    shapes = {prog.values[v].shape: dims for v, dims in relayouts(prog, w)}
+    assert shapes[(16, 8)] == (None, 0, 1)  # the layer's slice: the scanned dim is gone
+    assert shapes[(8, 16)] == (None, 1, 0)  # its transpose
+    assert all(prog.values[v].shape != (4, 8) for v, _ in relayouts(prog, w))  # no activation
+
+
+def test_the_users_constraints_propagate_with_the_state_and_still_hold():
+    """MaxText's pattern: activations constrained with their features on `model`, a scanned
+    weight stack (stored transposed, cast in the loop) with its outputs on `model`. XLA keeps
+    the weight's sharding into the loop; so does partir, and its estimate is XLA's bytes."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import partir
+    from partir.ir.groups import relayouts
+    from partir.ir.xla import as_cpu_kinds, compile_stats
+
+    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    act = NamedSharding(mesh, P("data", "model"))
+
+    def step(params, x):
+        def loss(w):
+            def body(h, wl):
+                h = jax.lax.with_sharding_constraint(h, act)
+                return jnp.tanh(h @ wl.astype(jnp.bfloat16).astype(jnp.float32)), None
+
+            return jnp.sum(jax.lax.scan(body, x, jnp.transpose(w, (0, 2, 1)))[0])
+
+        return {"w": params["w"] - 0.1 * jax.grad(loss)(params["w"])}  # carried state
+
+    w = jax.ShapeDtypeStruct((3, 64, 64), jnp.float32)
+    args = ({"w": w}, jax.ShapeDtypeStruct((16, 64), jnp.float32))
+    goal = partir.Goal(step, args, mesh)
+    specs = {"params/w": P(None, "model", None), "x": P("data")}
+    plan = partir.plan(goal, specs)
+    prog, prop = goal.program, goal.propagator
+    layer = [
+        v for v, _ in relayouts(prog, prog.inputs["params/w"]) if len(prog.values[v].shape) == 2
+    ]
+    # the layer's weight keeps the stack's sharding (outputs on `model`), not the one the
+    # constrained activation implies through the matmul (inputs on `model`)
+    assert layer and {prop.sharding(plan.state, v) for v in layer} == {((), ("model",))}
+    for op in prog.ops:  # and every constraint holds
+        if op.primitive == "sharding_constraint":
+            assert prop.sharding(plan.state, op.outputs[0]) == (("data",), ("model",))
+    ins = ({"w": NamedSharding(mesh, specs["params/w"])}, NamedSharding(mesh, specs["x"]))
+    alone = compile_stats(step, args, ins, ins[0])  # XLA on its own, given the same shardings
+    assert as_cpu_kinds(plan.cost.bytes_by_kind()) == as_cpu_kinds(alone.bytes_by_kind())
+    assert partir.verify(goal, plan).ok

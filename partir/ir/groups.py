@@ -187,6 +187,45 @@ def _same_dim(rule: Rule, src: int, dim: int, dst: int) -> int | None:
     return next((d for d, fs in enumerate(tensors[dst] or ()) if fs[:1] == factors), None)
 
 
+_RELAYOUTS = frozenset(("convert_element_type", "copy", "transpose"))
+
+
+def relayouts(prog: Program, vid: int) -> list[tuple[int, tuple[int | None, ...]]]:
+    """The values that are `vid` laid out anew, with the dim of each that every dim of
+    `vid` becomes (None: none): through dtype converts, copies and transposes, and into
+    loop bodies that scan over it (xs) or read it whole (const). A scanned layer stack's
+    slice, transposed and cast to bf16, is the parameter: XLA gives it the parameter's
+    sharding, whatever the activations it meets ask."""
+    attach_rules(prog)
+    out: list[tuple[int, tuple[int | None, ...]]] = []
+    start: tuple[int | None, ...] = tuple(range(len(prog.values[vid].shape)))
+    frontier = [(vid, start)]
+    seen = {vid}
+    while frontier:
+        v, dims = frontier.pop()
+        for i in prog.users[v]:
+            op = prog.ops[i]
+            if op.primitive in _RELAYOUTS and op.inputs[0] == v:
+                targets = [(len(op.inputs) + k, w) for k, w in enumerate(op.outputs)]
+            elif (
+                op.primitive == "_link"
+                and op.inputs[0] == v
+                and op.params["kind"] in ("xs", "const")
+                and op.inputs[1] is not None
+            ):
+                targets = [(1, op.inputs[1])]
+            else:
+                continue
+            for t, w in targets:
+                if w in seen:
+                    continue
+                seen.add(w)
+                mapped = tuple(None if d is None else _same_dim(op.rule, 0, d, t) for d in dims)
+                out.append((w, mapped))
+                frontier.append((w, mapped))
+    return out
+
+
 ROUTERS = frozenset(("top_k", "argmax", "argmin", "argsort"))  # what picks experts by score
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -12,6 +13,7 @@ from jax.sharding import PartitionSpec
 from partir.goal import Goal
 from partir.ir.cost import Cost
 from partir.ir.gc_pause import paused_gc
+from partir.ir.groups import relayouts
 from partir.ir.messages import did_you_mean, first_bad_byte
 from partir.ir.propagate import Decision, Sharding, State
 from partir.ir.specs import (
@@ -692,7 +694,8 @@ def make_plan(goal: Goal, specs: Specs | Any, *, strict: bool = True) -> Plan:
     if not strict:
         decisions = [d for d in decisions if not prop.blocks(d.value, d.axis)]
     with paused_gc():
-        state, rejected = prop.seeded(prog.inputs.values(), decisions)
+        state, rejected = prop.seeded(prog.inputs.values(), decisions + _relaid(goal, decisions))
+    rejected = [d for d in rejected if d.value in prop.program.input_paths]
     if rejected:
         d = rejected[0]
         why = (
@@ -705,6 +708,28 @@ def make_plan(goal: Goal, specs: Specs | Any, *, strict: bool = True) -> Plan:
         )
     with paused_gc():
         return Plan(goal, state, goal.cost_model.cost(state))
+
+
+def _relaid(goal: Goal, decisions: list[Decision]) -> list[Decision]:
+    """The decisions on the state's inputs, carried to the values that are those inputs laid
+    out anew (`ir.groups.relayouts`: a scanned layer's slice of a weight stack, its bf16
+    cast) at the same priority: XLA keeps a parameter's sharding through its layout copies
+    and into the loops that read it. Without them, the user's activation constraints, nearer
+    to a layer's weight inside the loop than the stack's own sharding, priced every weight
+    resharded at every layer (MaxText's plan)."""
+    prog = goal.program
+    state = {prog.inputs[p] for p in prog.carried.values()}
+    copies: dict[int, list] = {}
+    out = []
+    for d in decisions:
+        if d.value not in state:
+            continue
+        if d.value not in copies:
+            copies[d.value] = relayouts(prog, d.value)
+        for w, dims in copies[d.value]:
+            if dims[d.dim] is not None:
+                out.append(dataclasses.replace(d, value=w, dim=dims[d.dim]))
+    return out
 
 
 def evaluate(goal: Goal, specs: Specs | Any) -> Cost:
