@@ -694,8 +694,7 @@ def make_plan(goal: Goal, specs: Specs | Any, *, strict: bool = True) -> Plan:
     if not strict:
         decisions = [d for d in decisions if not prop.blocks(d.value, d.axis)]
     with paused_gc():
-        state, rejected = prop.seeded(prog.inputs.values(), decisions + _relaid(goal, decisions))
-    rejected = [d for d in rejected if d.value in prop.program.input_paths]
+        state, rejected = propagate_inputs(goal, decisions)
     if rejected:
         d = rejected[0]
         why = (
@@ -708,6 +707,16 @@ def make_plan(goal: Goal, specs: Specs | Any, *, strict: bool = True) -> Plan:
         )
     with paused_gc():
         return Plan(goal, state, goal.cost_model.cost(state))
+
+
+def propagate_inputs(goal: Goal, decisions: list[Decision]) -> tuple[State, list[Decision]]:
+    """The state that input decisions give from scratch, and those of them it rejected:
+    they propagate with the user's constraints (`Propagator.seeded`) and reach the inputs'
+    layout copies at once (`_relaid`)."""
+    prop = goal.propagator
+    inputs = goal.program.inputs.values()
+    state, rejected = prop.seeded(inputs, decisions + _relaid(goal, decisions))
+    return state, [d for d in rejected if d.value in goal.program.input_paths]
 
 
 def _relaid(goal: Goal, decisions: list[Decision]) -> list[Decision]:

@@ -15,7 +15,7 @@ from partir.ir.cost import Cost
 from partir.ir.groups import Action, Group, find_groups, useful_actions
 from partir.ir.propagate import Decision, State
 from partir.ir.specs import to_spec
-from partir.solver.plan import input_decisions
+from partir.solver.plan import input_decisions, propagate_inputs
 from partir.solver.reward import better
 from partir.solver.shallow_copies import ShallowCopies, extrapolate
 from partir.strategies import Strategy
@@ -228,7 +228,7 @@ def afresh(goal: Goal, state: State) -> tuple[State, list[Decision]] | None:
     prop = goal.propagator
     specs = {p: to_spec(prop.sharding(state, v)) for p, v in goal.program.inputs.items()}
     decisions = input_decisions(goal, specs)
-    fresh, rejected = prop.apply_all(prop.empty(), decisions)
+    fresh, rejected = propagate_inputs(goal, decisions)
     return None if rejected else (fresh, decisions)
 
 

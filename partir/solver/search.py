@@ -292,7 +292,5 @@ def _from_inputs(goal: Goal, plan: Plan) -> Plan | None:
     fresh = afresh(goal, plan.state)
     if fresh is None:
         return None
-    state, decisions = fresh
-    alt = Plan(goal, state, goal.cost_model.cost(state))
-    alt.decisions = [decisions]
-    return alt
+    # no decisions recorded: its plan file is made again from the specs, the same way
+    return Plan(goal, fresh[0], goal.cost_model.cost(fresh[0]))
