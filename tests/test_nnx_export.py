@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import partir
 from partir import strategies as st
-from partir.solver.plan import partition_rules
+from partir.solver.partition_rules import partition_rules
 
 MESH = {"batch": 2, "model": 4}
 MEGATRON = [
