@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from partir.goal import Goal
-from partir.ir.groups import matmul_operands
+from partir.ir.groups import matmul_operands, relayouts
 from partir.strategies import Megatron, Replicate, Tile
 
 SEPARATOR = ":"  # `tensor:0`, `tensor:1`: no goal-file axis name has one
@@ -62,7 +62,7 @@ def split_meshes(goal: Goal) -> list[dict[str, int]]:
         return []
     prog = goal.program
     weights = [
-        [n for d, n in enumerate(prog.values[v].shape) if d >= _scanned(prog, v)]
+        [n for d, n in enumerate(prog.values[v].shape) if d not in _scanned(prog, v)]
         for v in matmul_operands(prog)
     ]
     out = []
@@ -87,14 +87,10 @@ def split_meshes(goal: Goal) -> list[dict[str, int]]:
     return out
 
 
-def _scanned(prog: Any, vid: int) -> int:
-    """How many leading dims of input `vid` a loop scans over (0: none)."""
-    links = [
-        prog.ops[i]
-        for i in prog.users[vid]
-        if prog.ops[i].primitive == "_link" and prog.ops[i].params["kind"] == "xs"
-    ]
-    return max((op.params["offset"] for op in links if op.inputs[0] == vid), default=0)
+def _scanned(prog: Any, vid: int) -> set[int]:
+    """The dims of input `vid` that a loop scans over: those its layout copies drop
+    (`relayouts`; MaxText transposes its stacks and scans their dim 1)."""
+    return {d for _, dims in relayouts(prog, vid) for d, e in enumerate(dims) if e is None}
 
 
 def split_goal(goal: Goal, mesh: Mapping[str, int]) -> Goal:
