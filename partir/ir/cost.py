@@ -13,8 +13,13 @@ of one kind over the same axes that cannot depend on each other (the same number
 collectives on the longest chain before them) pay their latency once, as XLA's collective
 combiners fuse them into one (the gradient all-reduces of data parallelism, the parameter
 all-gathers of ZeRO-3); the combiners' size thresholds are not modelled. Memory is an
-estimate too: live bytes in program order (arguments live throughout, unless donated).
-`partir.verify` holds both against what XLA compiles.
+estimate too: live bytes in program order (arguments live throughout, unless donated); a
+loop's constants are read in place, its stacked inputs and outputs are one buffer each for
+the whole loop, and a resharded loop input is held until the loop ends. On a device whose
+all-gather concatenates along the major-most dim only (`Device.gathers_major_most`, XLA:CPU),
+a gather behind a longer dim leaves a copy in the default layout, and a layer stack whose
+slices are gathered is copied once before its loop. `partir.verify` holds both against what
+XLA compiles.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 
 from partir.ir import liveness
 from partir.ir.devices import Device
+from partir.ir.groups import relayouts
 from partir.ir.messages import fmt_bytes, fmt_seconds
 from partir.ir.program import Program
 from partir.ir.propagate import Axes, Propagator, Sharding, State, join_axes, split_axes
@@ -201,6 +207,7 @@ class CostModel:
         # what each value holds in memory, unsharded: nothing for a value that is no buffer
         self.global_bytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         self.global_bytes[~self.liveness.stored] = 0.0
+        self.global_bytes[list(self.liveness.in_place)] = 0.0
         self._itemsize = [v.itemsize for v in prog.values]
         self._kinds = self._op_kinds()  # see op_cost
         # links from a carried output to its input: the step returns the state resharded
@@ -209,6 +216,18 @@ class CostModel:
             i
             for i, op in enumerate(prog.ops)
             if op.primitive == "_link" and op.params.get("kind") == "state"
+        }
+        # where the device gathers along the major-most dim only (Device docs): per loop slice
+        # of a layer stack, the stack, and per stack the span its copy lives over
+        self._stack_of: dict[int, int] = {}
+        self._stack_span: dict[int, tuple[int, int]] = {}
+        if device.gathers_major_most:
+            self._stack_of, self._stack_span = _loop_slices(prog, self.liveness)
+        # a loop input resharded where the loop binds it is held until the loop ends
+        self._loop_end = {
+            i: last
+            for i, (_, last) in liveness.loop_extents(prog).items()
+            if prog.ops[i].params["kind"] != "ys"
         }
 
     # -- memory -----------------------------------------------------------------------
@@ -517,6 +536,18 @@ class CostModel:
         )
         return steps * self.device.latency
 
+    def _gathers_transposed(self, reuse: tuple) -> bool:
+        """Whether resharding value `v` from `src` to `want` all-gathers a dim behind a longer
+        one, on a device that gathers along the major-most dim only (Device docs)."""
+        if not self.device.gathers_major_most:
+            return False
+        v, src, want = reuse
+        gathered = [d for d, (s, w) in enumerate(zip(src, want)) if set(s) - set(w)]
+        if not gathered:
+            return False
+        shape = self.prop.shapes[v]
+        return any(shape[d] // self.prop.size(src[d]) > 1 for d in range(gathered[0]))
+
     def cost(self, state: State, *, detail: bool = True) -> Cost:
         """The cost of `state`; `detail=False` skips the per-collective sources."""
         compute, comm, flops, by_kind, colls, comm_bytes, lb, extra = self._walk(state, detail)
@@ -571,6 +602,8 @@ class CostModel:
         buffers: dict[tuple, list] = {}  # reshard key -> [first position, last position, bytes]
         partials: list[tuple[int, tuple, float, int]] = []  # (position, group, bytes, value)
         returned: list[tuple[tuple, int]] = []  # (reshard key, output) of carried state
+        stack_of, copied = self._stack_of, set()  # layer stacks whose slices are gathered
+        loop_end = self._loop_end
         for i, (op, operands) in enumerate(zip(self.program.ops, self._operands)):
             if not live_ops[i]:
                 continue
@@ -586,15 +619,19 @@ class CostModel:
             for kind, axes, nbytes, reuse in c.collectives:
                 after = True
                 if reuse is not None:
+                    if kind == "all-gather" and reuse[0] in stack_of:
+                        copied.add(stack_of[reuse[0]])
                     buf = buffers.get(reuse)
                     if buf is None:
                         v, _, want = reuse
                         size = local_size(self.prop.shapes[v], want, self.mesh)
-                        buffers[reuse] = [position[i], position[i], size * self._itemsize[v]]
+                        buf = buffers[reuse] = [position[i], position[i], size * self._itemsize[v]]
                         if i in self._state_links:
                             returned.append((reuse, v))
-                    else:
-                        buf[1] = position[i]
+                        if kind == "all-gather" and self._gathers_transposed(reuse):
+                            # the gathered buffer beside its copy in the default layout
+                            buffers[(reuse, "transposed")] = [position[i], position[i], buf[2]]
+                    buf[1] = max(buf[1], position[i], loop_end.get(i, -1))
                     if (kind, reuse) in reused:
                         continue
                     reused.add((kind, reuse))
@@ -623,6 +660,7 @@ class CostModel:
             if start < end:  # the output as computed is freed once resharded
                 buffers[(reuse, "freed")] = [start + 1, end, -lb[v]]
         extra = [tuple(b) for b in buffers.values()]
+        extra += [(*self._stack_span[s], lb[s]) for s in copied]
         extra += self._unreduced(partials, lb)
         return compute, comm, flops_total, by_kind, colls, comm_bytes, lb, extra
 
@@ -640,6 +678,28 @@ class CostModel:
             if until > at and self._stored[v]:
                 extra.append((at, until - 1, -lb[v]))
         return extra
+
+
+def _loop_slices(
+    prog: Program, lv: liveness.Liveness
+) -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
+    """({slice: stack}, {stack: (start, end)}): the values a loop body reads as one layer of a
+    stacked input (the slice, and its converts and transposes there), and per stack the span
+    from the first loop that slices it to the end of the last."""
+    stack_of: dict[int, int] = {}
+    span: dict[int, tuple[int, int]] = {}
+    extent = liveness.loop_extents(prog)
+    for i, op in enumerate(prog.ops):
+        if op.primitive != "_link" or op.params["kind"] != "xs" or not lv.live_ops[i]:
+            continue
+        stack, piece = op.inputs
+        if stack is None or piece is None:
+            continue
+        for w in [piece, *(w for w, _ in relayouts(prog, piece))]:
+            stack_of.setdefault(w, stack)
+        start, end = span.get(stack, (i, i))
+        span[stack] = (min(start, i), max(end, extent[i][1]))
+    return stack_of, span
 
 
 def _moves_operands(c: OpCost) -> bool:

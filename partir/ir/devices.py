@@ -27,6 +27,12 @@ class Device:
     node_size: int | None = None  # devices per node on GPUs; None: one interconnect
     network_bandwidth: float | None = None  # bytes/s per device across nodes
     links: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per-axis overrides
+    # The device's all-gather concatenates along the major-most dim of the layout (seen on
+    # XLA:CPU): gathering a dim behind a longer one makes a transposed buffer that XLA copies
+    # into the default layout, and a loop slice of a layer stack that is gathered makes XLA
+    # copy the whole stack into the gathered layout once, before the loop. Not seen on TPU
+    # or GPU builds, so not modelled for them.
+    gathers_major_most: bool = False
 
     def axis_bandwidths(self, mesh: Mapping[str, int]) -> dict[str, float]:
         """Bandwidth of each mesh axis. Axes are laid out major first, so the last axes
@@ -72,7 +78,7 @@ CATALOG: dict[str, Device] = {
         Device("b200", 2250e12, 180 * GB, 8000 * GB, 900 * GB, 2e-6, 8, 50 * GB),
         # A laptop-class CPU "device", for examples that run here: ~1 TFLOP/s f32 vector
         # peak, 16 GiB, ~50 GB/s memory, ~10 GB/s between fake devices.
-        Device("cpu", 1e12, 16 * GiB, 50 * GB, 10 * GB, 5e-6),
+        Device("cpu", 1e12, 16 * GiB, 50 * GB, 10 * GB, 5e-6, gathers_major_most=True),
     ]
 }
 

@@ -119,7 +119,8 @@ def free_values(program: Program) -> set[int]:
 @dataclasses.dataclass
 class Liveness:
     """Per value: whether it is a buffer and its live range in op positions; per op: whether
-    it runs, and the position of the kernel it runs in (its own, or its fused reader's)."""
+    it runs, and the position of the kernel it runs in (its own, or its fused reader's).
+    A value read in place is a buffer its readers read, but it is another value's buffer."""
 
     stored: np.ndarray  # bool per value
     birth: np.ndarray  # int per value
@@ -128,6 +129,7 @@ class Liveness:
     position: np.ndarray  # int per op
     free: set[int]
     fused: set[int]
+    in_place: set[int]
     end: int
 
 
@@ -187,7 +189,21 @@ def analyse(program: Program, operands: Sequence[Sequence[int]], *, donate: bool
     _extend_over_loops(program, birth, death)
     birth = np.maximum(birth, 0)
     death = np.maximum(death, birth)
-    return Liveness(stored, birth, death, live_ops, position, free, fused, end)
+    return Liveness(
+        stored, birth, death, live_ops, position, free, fused, _read_in_place(program), end
+    )
+
+
+def _read_in_place(program: Program) -> set[int]:
+    """The inner sides of links whose body reads the outer buffer itself: a loop's constants
+    and a branch's operands (XLA passes them into the body or branch as they are)."""
+    return {
+        op.inputs[1]
+        for op in program.ops
+        if op.primitive == "_link"
+        and op.params["kind"] in ("const", "operand")
+        and op.inputs[1] is not None
+    }
 
 
 def _ranges(program, operands, live_ops, position, end) -> tuple[np.ndarray, np.ndarray]:
@@ -213,17 +229,34 @@ def _ranges(program, operands, live_ops, position, end) -> tuple[np.ndarray, np.
 
 
 def _extend_over_loops(program: Program, birth: np.ndarray, death: np.ndarray) -> None:
-    """A loop's constants and stacked inputs live while its body reads them; its stacked
-    outputs from the body's first write. Inner loops first (their links come later)."""
-    for op in reversed(program.ops):
+    """A loop's constants and stacked inputs live until the loop ends (its body reads them on
+    every iteration), a branch's operands while the branch reads them; a loop's stacked
+    outputs from the loop's start (every iteration writes one slice of the one buffer).
+    Inner loops first (their links come later)."""
+    extent = loop_extents(program)
+    for i in range(len(program.ops) - 1, -1, -1):
+        op = program.ops[i]
         if op.primitive != "_link":
             continue
         src, dst = op.inputs
         kind = op.params["kind"]
+        first, last = extent.get(i, (i, -1))
         if kind in _READ_IN_BODY:
-            death[src] = max(death[src], death[dst])
+            death[src] = max(death[src], death[dst], last)
         elif kind == "ys" and birth[dst] >= 0:  # src: the stacked result, dst: one iteration's
-            birth[src] = min(birth[src], birth[dst]) if birth[src] >= 0 else birth[dst]
+            birth[src] = min(birth[src], first) if birth[src] >= 0 else first
+
+
+def loop_extents(program: Program) -> dict[int, tuple[int, int]]:
+    """{link op: (first op, last op) of its loop}, for the links that bind a loop's
+    constants and stacked inputs and those that collect its stacked outputs."""
+    extent: dict[int, tuple[int, int]] = {}
+    for first, last in sorted(program.loops):  # outer loops first: inner ones overwrite
+        for i in range(first, last + 1):
+            op = program.ops[i]
+            if op.primitive == "_link" and op.params["kind"] in ("const", "xs", "ys"):
+                extent[i] = (first, last)
+    return extent
 
 
 def peak(

@@ -99,6 +99,9 @@ class Program:
     eqn_outputs: dict[tuple, list[int]] = dataclasses.field(default_factory=dict)
     users: list[list[int]] = dataclasses.field(default_factory=list)
     producer: list[int | None] = dataclasses.field(default_factory=list)
+    # per scan or while loop, (first op, last op): the ops that bind its inputs, its body
+    # (nested loops inside), and the links that close it
+    loops: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.users = [[] for _ in self.values]
@@ -213,6 +216,7 @@ class _Builder(JaxprWalker):
         self.ops: list[Op] = []
         # equation key (its position in the nest of jaxprs) -> its output value ids
         self.eqn_outputs: dict[tuple, list[int]] = {}
+        self.loops: list[tuple[int, int]] = []
 
     def new_value(self, aval: Any) -> int:
         shape = tuple(int(d) for d in getattr(aval, "shape", ()))
@@ -321,6 +325,7 @@ class _Builder(JaxprWalker):
         self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str = ""
     ) -> list[int]:
         p = eqn.params
+        first = len(self.ops)
         jaxpr, consts = open_jaxpr(p["jaxpr"])
         nc, nk = scan_counts(p)
         inner = mult * int(p["length"])
@@ -338,12 +343,14 @@ class _Builder(JaxprWalker):
             self.link(out, res, "carry", mult)
         for out, res in zip(body_out[nk:], outs[nk:]):
             self.link(res, out, "ys", inner, offset=1)
+        self.loops.append((first, len(self.ops) - 1))
         return outs
 
     def while_loop(
         self, eqn: Any, ins: list[int | None], mult: int, key: tuple, scope: str = ""
     ) -> list[int]:
         p = eqn.params
+        first = len(self.ops)
         cjaxpr, cconsts = open_jaxpr(p["cond_jaxpr"])
         bjaxpr, bconsts = open_jaxpr(p["body_jaxpr"])
         nc, nb = p["cond_nconsts"], p["body_nconsts"]
@@ -361,6 +368,7 @@ class _Builder(JaxprWalker):
         for out, carry_in, res in zip(body_out, body_carry, outs):
             self.link(out, carry_in, "carry", mult)
             self.link(out, res, "carry", mult)
+        self.loops.append((first, len(self.ops) - 1))
         return outs
 
     def cond(
@@ -451,6 +459,7 @@ def trace(fn: Callable, args: Sequence[Any], *, names: Sequence[str] | None = No
         jaxpr=closed,
         arg_names=arg_names_,
         eqn_outputs=b.eqn_outputs,
+        loops=b.loops,
     )
 
 
