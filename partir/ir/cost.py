@@ -226,7 +226,7 @@ class CostModel:
         # a loop input resharded where the loop binds it is held until the loop ends
         self._loop_end = {
             i: last
-            for i, (_, last) in liveness.loop_extents(prog).items()
+            for i, (_, last) in self.liveness.loop_extent.items()
             if prog.ops[i].params["kind"] != "ys"
         }
 
@@ -688,7 +688,7 @@ def _loop_slices(
     from the first loop that slices it to the end of the last."""
     stack_of: dict[int, int] = {}
     span: dict[int, tuple[int, int]] = {}
-    extent = liveness.loop_extents(prog)
+    extent = lv.loop_extent
     for i, op in enumerate(prog.ops):
         if op.primitive != "_link" or op.params["kind"] != "xs" or not lv.live_ops[i]:
             continue

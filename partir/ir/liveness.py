@@ -130,6 +130,7 @@ class Liveness:
     free: set[int]
     fused: set[int]
     in_place: set[int]
+    loop_extent: dict[int, tuple[int, int]]  # see loop_extents
     end: int
 
 
@@ -186,11 +187,21 @@ def analyse(program: Program, operands: Sequence[Sequence[int]], *, donate: bool
         if path not in donated:
             death[v] = end
     death[is_output] = end
-    _extend_over_loops(program, birth, death)
+    extent = loop_extents(program)
+    _extend_over_loops(program, extent, birth, death)
     birth = np.maximum(birth, 0)
     death = np.maximum(death, birth)
     return Liveness(
-        stored, birth, death, live_ops, position, free, fused, _read_in_place(program), end
+        stored,
+        birth,
+        death,
+        live_ops,
+        position,
+        free,
+        fused,
+        _read_in_place(program),
+        extent,
+        end,
     )
 
 
@@ -228,12 +239,13 @@ def _ranges(program, operands, live_ops, position, end) -> tuple[np.ndarray, np.
     return birth, death
 
 
-def _extend_over_loops(program: Program, birth: np.ndarray, death: np.ndarray) -> None:
+def _extend_over_loops(
+    program: Program, extent: dict[int, tuple[int, int]], birth: np.ndarray, death: np.ndarray
+) -> None:
     """A loop's constants and stacked inputs live until the loop ends (its body reads them on
     every iteration), a branch's operands while the branch reads them; a loop's stacked
     outputs from the loop's start (every iteration writes one slice of the one buffer).
     Inner loops first (their links come later)."""
-    extent = loop_extents(program)
     for i in range(len(program.ops) - 1, -1, -1):
         op = program.ops[i]
         if op.primitive != "_link":
