@@ -10,7 +10,12 @@ What XLA's side is, per device, for the plan compiled by `plan.jit` from abstrac
 - collective bytes: the collectives of the optimized HLO, loop bodies weighted by their trip
   counts, kinds folded as XLA:CPU lowers them (reduce-scatter -> all-reduce);
 - FLOPs: `cost_analysis()["flops"]` with each while body counted once per iteration
-  (`CompiledStats.step_flops`; the cost analysis itself counts a loop body once).
+  (`CompiledStats.step_flops`; the cost analysis itself counts a loop body once);
+- HBM bytes (`hbm`): `cost_analysis()["bytes accessed"]`, what XLA's kernels read and write,
+  its collectives among them, each while body once per iteration (`step_bytes_accessed`).
+  Predicted: `plan.cost.hbm_bytes`, the kernels of the cost model's fusion, no collectives.
+  Reported, held to no bar: XLA:CPU fuses less than XLA:TPU and XLA:GPU, and the model's
+  HBM time is meant for those.
 
 Predicted: `plan.cost.peak_memory_bytes`, `plan.cost.bytes_by_kind()` and `plan.cost.flops`.
 XLA:CPU carries bf16 collectives in f32, so every llama here computes in f32.
@@ -201,6 +206,7 @@ def measure(model: Model, mesh_name: str, name: str, build: Callable[[], Any]) -
         "peak": cost.peak_memory_bytes,
         "flops": cost.flops,
         "collectives": sum(report.predicted.values()),
+        "hbm": cost.hbm_bytes,
     }
     row.xla = {
         "peak": stats.true_peak_bytes,
@@ -208,6 +214,7 @@ def measure(model: Model, mesh_name: str, name: str, build: Callable[[], Any]) -
         "collectives": sum(report.compiled.values()),
         "allocated": stats.allocated_bytes,
         "cost_analysis_flops": stats.flops,
+        "hbm": stats.step_bytes_accessed,
     }
     for k in KINDS:
         if report.predicted.get(k) or report.compiled.get(k):
@@ -242,7 +249,7 @@ def summary(rows: list[Row]) -> dict[str, Any]:
             "worst_plan": f"{worst_r.model} {worst_r.mesh} {worst_r.plan}",
         }
 
-    metrics = ("peak", "collectives", "flops")
+    metrics = ("peak", "collectives", "flops", "hbm")
     out: dict[str, Any] = {"all": {m: stats(ok, m) for m in metrics}}
     for label in dict.fromkeys(r.model for r in ok):
         out[label] = {m: stats([r for r in ok if r.model == label], m) for m in metrics}
@@ -270,7 +277,7 @@ def table(rows: list[Row]) -> str:
 
     head = (
         f"{'model':<17}{'mesh':<7}{'plan':<12}{'peak':>6} {'pred/XLA':<15}"
-        f"{'coll':>6} {'pred/XLA':<15}{'flops':>6}  per kind (pred/XLA)"
+        f"{'coll':>6} {'pred/XLA':<15}{'flops':>6}{'hbm':>6}  per kind (pred/XLA)"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -292,7 +299,7 @@ def table(rows: list[Row]) -> str:
             f"{_r(r.ratio('peak')):>6} {_b(r.predicted['peak']) + '/' + _b(r.xla['peak']):<15}"
             f"{_r(r.ratio('collectives')):>6} "
             f"{_b(r.predicted['collectives']) + '/' + _b(r.xla['collectives']):<15}"
-            f"{_r(r.ratio('flops')):>6}  {kinds}"
+            f"{_r(r.ratio('flops')):>6}{_r(r.ratio('hbm')):>6}  {kinds}"
         )
     return "\n".join(lines)
 

@@ -118,6 +118,31 @@ def test_zero3_closed_form_gathers_params_and_scatters_gradients():
     assert as_cpu_kinds(by_kind)["reduce-scatter"] == 0
 
 
+def _remat_layers(ws, x):
+    def block(x, w):
+        return jnp.tanh(x @ w)
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)(x, w)
+        return jnp.sum(x)
+
+    return jax.grad(loss)(ws, x)
+
+
+def test_zero3_weights_are_gathered_again_in_each_checkpoint_region():
+    # the recompute runs behind an optimization barrier (prevent_cse): XLA gathers a weight
+    # in the forward and again in its backward region (the last layer's forward is dead:
+    # grad needs no loss), 5 gathers of 3 weights; predicted once each, it was 3
+    ws = [jax.ShapeDtypeStruct((256, 256), jnp.float32)] * 3
+    x = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+    goal = Goal(_remat_layers, (ws, x), {"a": 8})
+    plan = make_plan(goal, ([P("a")] * 3, P("a")))
+    assert plan.cost.bytes_by_kind()["all-gather"] == 5 * 256 * 256 * 4
+    report = verify(goal, plan)
+    assert report.compiled["all-gather"] == report.predicted["all-gather"]
+
+
 def test_megatron_layer_closed_form():
     # Per layer: 2 all-reduces forward (after attention-out and MLP-out); backward one per
     # column-parallel input projection: q, k, v and MLP-in, as XLA compiles separate q/k/v.

@@ -687,6 +687,24 @@ def test_hlo_flops_agree_with_xla_cost_analysis():
     assert once == per_step == pytest.approx(compiled.cost_analysis()["flops"], rel=1e-3)
 
 
+def test_step_bytes_accessed_count_every_iteration_of_a_scan():
+    # The scanned chain reads each layer's slice of the stack per iteration (a dynamic-slice
+    # fusion reads its slice, not the stack): per step, what the unrolled chain reads.
+    ws, x = sds(8, 128, 128), sds(64, 128)
+    unrolled = compile_stats(_chain, (ws, x), None, None)
+    scanned = compile_stats(_scanned, (ws, x), None, None)
+    assert unrolled.step_bytes_accessed == unrolled.bytes_accessed >= 8 * 128 * 128 * 4
+    assert scanned.bytes_accessed < unrolled.bytes_accessed / 4  # one iteration's worth
+    assert scanned.step_bytes_accessed == pytest.approx(unrolled.bytes_accessed, rel=0.05)
+
+
+@pytest.mark.parametrize("fn", [_chain, _scanned])
+def test_hlo_bytes_accessed_agree_with_xla_cost_analysis(fn):
+    compiled = jax.jit(fn).lower(sds(4, 64, 64), sds(32, 64)).compile()
+    once, _ = xla.hlo_bytes_accessed(optimized_hlo_text(compiled))
+    assert once == pytest.approx(compiled.cost_analysis()["bytes accessed"], rel=1e-3)
+
+
 def test_no_buffer_assignment_dumped_reads_as_none(tmp_path):
     assert xla.read_buffer_peak(tmp_path) is None
     (tmp_path / "m.cpu_after_optimizations-buffer-assignment.txt").write_text(_ASSIGNMENT)

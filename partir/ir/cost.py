@@ -112,6 +112,7 @@ class Cost:
     collectives: list[Collective]
     comm_s_by_kind: dict[str, float]
     memory_limit: int | None = None
+    hbm_bytes: float = 0.0  # bytes the kernels read and write, fused values none
 
     @property
     def fits(self) -> bool:
@@ -536,12 +537,11 @@ class CostModel:
         )
         return steps * self.device.latency
 
-    def _gathers_transposed(self, reuse: tuple) -> bool:
+    def _gathers_transposed(self, v: int, src: Sharding, want: Sharding) -> bool:
         """Whether resharding value `v` from `src` to `want` all-gathers a dim behind a longer
         one, on a device that gathers along the major-most dim only (Device docs)."""
         if not self.device.gathers_major_most:
             return False
-        v, src, want = reuse
         gathered = [d for d, (s, w) in enumerate(zip(src, want)) if set(s) - set(w)]
         if not gathered:
             return False
@@ -550,7 +550,7 @@ class CostModel:
 
     def cost(self, state: State, *, detail: bool = True) -> Cost:
         """The cost of `state`; `detail=False` skips the per-collective sources."""
-        compute, comm, flops, by_kind, colls, comm_bytes, lb, extra = self._walk(state, detail)
+        compute, comm, flops, hbm, by_kind, colls, comm_bytes, lb, extra = self._walk(state, detail)
         return Cost(
             step_time_s=compute + comm,
             compute_s=compute,
@@ -562,6 +562,7 @@ class CostModel:
             collectives=colls,
             comm_s_by_kind=by_kind,
             memory_limit=self.memory_limit,
+            hbm_bytes=hbm,
         )
 
     def peak_buffers(self, state: State, top: int = 5) -> list[tuple[int, str]]:
@@ -583,10 +584,10 @@ class CostModel:
         return sorted(found, key=lambda f: -f[0])[:top]
 
     def _walk(self, state: State, detail: bool):
-        """One pass over the ops: (compute s, comm s, flops, comm s by kind, collectives,
+        """One pass over the ops: (compute s, comm s, flops, HBM bytes, comm s by kind, collectives,
         comm bytes, local bytes per value, extra buffers as (start, end, bytes))."""
         dev = self.device
-        compute = comm = flops_total = 0.0
+        compute = comm = flops_total = hbm = 0.0
         by_kind = dict.fromkeys(KINDS, 0.0)
         colls: list[Collective] = []
         comm_bytes = 0
@@ -614,6 +615,7 @@ class CostModel:
             if c.flops or c.bytes:
                 compute += m * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
                 flops_total += m * c.flops
+                hbm += m * c.bytes
             level = max(map(depth_of, operands)) if deepest and operands else 0
             after = False  # the op's results wait for a collective (its own or a reused one)
             for kind, axes, nbytes, reuse in c.collectives:
@@ -623,18 +625,22 @@ class CostModel:
                         copied.add(stack_of[reuse[0]])
                     buf = buffers.get(reuse)
                     if buf is None:
-                        v, _, want = reuse
+                        v, src, want = reuse
                         size = local_size(self.prop.shapes[v], want, self.mesh)
                         buf = buffers[reuse] = [position[i], position[i], size * self._itemsize[v]]
                         if i in self._state_links:
                             returned.append((reuse, v))
-                        if kind == "all-gather" and self._gathers_transposed(reuse):
+                        if kind == "all-gather" and self._gathers_transposed(v, src, want):
                             # the gathered buffer beside its copy in the default layout
                             buffers[(reuse, "transposed")] = [position[i], position[i], buf[2]]
                     buf[1] = max(buf[1], position[i], loop_end.get(i, -1))
-                    if (kind, reuse) in reused:
+                    # one collective per checkpoint region: XLA recomputes it in each. One
+                    # buffer all the same, from its first use to its last: high where the
+                    # recompute's gather is issued late; XLA:CPU issues them early, and they
+                    # stay live across the regions
+                    if (kind, reuse, op.region) in reused:
                         continue
-                    reused.add((kind, reuse))
+                    reused.add((kind, reuse, op.region))
                 t = m * self.collective_time(kind, axes, nbytes)
                 group = (kind, axes, level, m)
                 if group in combined:  # independent of the first of its group: XLA fuses them
@@ -662,7 +668,7 @@ class CostModel:
         extra = [tuple(b) for b in buffers.values()]
         extra += [(*self._stack_span[s], lb[s]) for s in copied]
         extra += self._unreduced(partials, lb)
-        return compute, comm, flops_total, by_kind, colls, comm_bytes, lb, extra
+        return compute, comm, flops_total, hbm, by_kind, colls, comm_bytes, lb, extra
 
     def _unreduced(self, partials, lb: np.ndarray) -> list[tuple[int, int, float]]:
         """Buffers of partial sums: each lives until the reduction of its group runs (XLA's

@@ -99,10 +99,17 @@ _READ_IN_BODY = frozenset(("const", "xs", "operand"))
 
 def free_values(program: Program) -> set[int]:
     """Values any device can make in any sharding without communication or memory: constants
-    broadcast from scalars, iotas, and layout or pointwise ops of only those."""
+    broadcast from scalars, iotas, and layout or pointwise ops of only those; inside a loop, the
+    constants and sliced inputs bound to free values outside (XLA sinks such loop-invariant
+    constants into the body and fuses them there, as JAX's scan hoists them out)."""
     free: set[int] = set()
     vals = program.values
     for op in program.ops:
+        if op.primitive == "_link":
+            src, dst = op.inputs
+            if src in free and dst is not None and op.params["kind"] in ("const", "xs"):
+                free.add(dst)
+            continue
         if op.primitive not in FUSIBLE or not op.outputs:
             continue
         ins = [v for v in op.inputs if v is not None]

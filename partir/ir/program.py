@@ -65,6 +65,9 @@ class Op:
     source: str = ""  # the user's frame, as JAX summarizes it: "path/model.py:12:8 (attn)"
     rule: Any = None  # a partir.ir.rules.Rule, set by Program.attach_rules
     scope: str = ""  # the named scopes around the op: "layers/3/attn"
+    # the checkpoint region (with prevent_cse) the op runs in, numbered from 1; 0: none.
+    # XLA computes nothing twice within a region, but recomputes what it needs in each
+    region: int = 0
 
     def __repr__(self) -> str:
         return f"Op({self.index}, {self.primitive}, in={self.inputs}, out={self.outputs})"
@@ -217,6 +220,8 @@ class _Builder(JaxprWalker):
         # equation key (its position in the nest of jaxprs) -> its output value ids
         self.eqn_outputs: dict[tuple, list[int]] = {}
         self.loops: list[tuple[int, int]] = []
+        self.regions = 0  # checkpoint regions entered so far
+        self.region = 0  # the one the ops now emitted run in
 
     def new_value(self, aval: Any) -> int:
         shape = tuple(int(d) for d in getattr(aval, "shape", ()))
@@ -248,6 +253,7 @@ class _Builder(JaxprWalker):
             multiplicity,
             source,
             scope=scope,
+            region=self.region,
         )
         self.ops.append(op)
         return op
@@ -294,7 +300,14 @@ class _Builder(JaxprWalker):
         name = eqn.primitive.name
         inlined = inlined_jaxpr(eqn)
         if inlined is not None:
-            return self.run(*inlined, ins, key, mult=mult, scope=scope)
+            if not _prevents_cse(eqn):
+                return self.run(*inlined, ins, key, mult=mult, scope=scope)
+            outer, self.regions = self.region, self.regions + 1
+            self.region = self.regions
+            try:
+                return self.run(*inlined, ins, key, mult=mult, scope=scope)
+            finally:
+                self.region = outer
         if name == "scan":
             return self.scan(eqn, ins, mult, key, scope)
         if name == "while":
@@ -395,6 +408,15 @@ def _source(eqn: Any) -> str:
 
 
 _TRANSFORM = re.compile(r"[A-Za-z_][\w.]*\(|\)")
+
+
+def _prevents_cse(eqn: Any) -> bool:
+    """Whether `eqn` is a checkpoint region whose recompute XLA must not merge with the
+    computation outside it (JAX puts an optimization barrier on its operands)."""
+    if eqn.primitive.name not in ("checkpoint", "remat2"):
+        return False
+    flag = eqn.params.get("prevent_cse", True)
+    return flag if isinstance(flag, bool) else any(flag)
 
 
 def _join_scope(outer: str, eqn: Any) -> str:

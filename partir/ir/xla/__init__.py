@@ -45,7 +45,7 @@ from partir.ir.xla.buffers import (
     true_peak_bytes,
 )
 from partir.ir.xla.compiling import compile_stats, stats_of_compiled
-from partir.ir.xla.flops import hlo_flops
+from partir.ir.xla.flops import hlo_bytes_accessed, hlo_flops
 from partir.ir.xla.hlo import (
     collectives_from_hlo,
     computation_multiplicities,
@@ -73,6 +73,7 @@ __all__ = [
     "collectives_from_hlo",
     "compile_stats",
     "compile_with_buffer_peak",
+    "hlo_bytes_accessed",
     "hlo_flops",
     "computation_multiplicities",
     "optimized_hlo_text",

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from partir.ir.xla.buffers import BufferPeak, compile_with_buffer_peak
-from partir.ir.xla.flops import hlo_flops
+from partir.ir.xla.flops import hlo_bytes_accessed, hlo_flops
 from partir.ir.xla.hlo import _parse_collectives, optimized_hlo_text
 from partir.ir.xla.stats import CompiledStats
 
@@ -44,18 +44,25 @@ def stats_of_compiled(compiled, buffer_peak: BufferPeak | None = None) -> Compil
         return int(getattr(mem, attr, 0) or 0) if mem is not None else 0
 
     flops: float | None = None
+    accessed: float | None = None
     try:
         cost = compiled.cost_analysis()
         if isinstance(cost, list | tuple):
             cost = cost[0] if cost else None
         if cost and "flops" in cost:
             flops = float(cost["flops"])
+        if cost and "bytes accessed" in cost:
+            accessed = float(cost["bytes accessed"])
     except Exception as e:  # pragma: no cover - backend dependent
         _log.debug("cost_analysis failed: %s", e)
     step_flops = None
     if flops is not None:
         once, per_step = hlo_flops(text)
         step_flops = flops + (per_step - once)
+    step_bytes = None
+    if accessed is not None:
+        once, per_step = hlo_bytes_accessed(text)
+        step_bytes = accessed + (per_step - once)
     return CompiledStats(
         collectives=collectives,
         argument_bytes=m("argument_size_in_bytes"),
@@ -67,6 +74,8 @@ def stats_of_compiled(compiled, buffer_peak: BufferPeak | None = None) -> Compil
         notes=tuple(notes),
         true_peak_bytes=None if buffer_peak is None else buffer_peak.bytes,
         step_flops=step_flops,
+        bytes_accessed=accessed,
+        step_bytes_accessed=step_bytes,
     )
 
 

@@ -70,6 +70,11 @@ class CompiledStats:
     # `flops` with every while body counted once per iteration (XLA's cost analysis counts it
     # once): flops + the extra iterations' flops as hlo_flops counts them. None if no flops.
     step_flops: float | None = None
+    # XLA's cost analysis "bytes accessed": what its kernels (fusions, dots, copies, collectives)
+    # read and write, a while body counted once; None if the backend gives none.
+    bytes_accessed: float | None = None
+    # the same with every while body counted once per iteration (as step_flops)
+    step_bytes_accessed: float | None = None
 
     @property
     def allocated_bytes(self) -> int:
