@@ -13,7 +13,10 @@ estimated compute and step time, and the roofline ideal of the same step:
 with N parameters, T tokens per step, L layers, d the model width, S the sequence length: the
 forward, backward and the rematerialised forward of every matmul (8 N T) and of attention's
 two S x S products (16 L d S T), as PaLM's MFU counts them. Compute and step time are
-estimates of partir's cost model; the ideal is arithmetic. Where the plan splits a mesh axis
+estimates of partir's cost model; the ideal is arithmetic. "of it FLOPs" is the plan's FLOPs
+at the device's peak (what XLA's cost analysis would count, rematerialisation included): the
+rest of the compute estimate is kernels bound by HBM bandwidth, most of it attention's
+S x S softmax, which XLA materialises where a model does not call a fused attention kernel. Where the plan splits a mesh axis
 in two parts (16 tensor ways over 8 key-value heads: `tensor:0` x `tensor:1`, see
 partir/solver/subaxes.py), the parts are named after the ratio.
 """
@@ -78,6 +81,7 @@ def run(seconds: float) -> list[dict]:
                 "peak_bytes": c.peak_memory_bytes,
                 "limit_bytes": goal.memory_limit,
                 "compute_s": c.compute_s,
+                "flops_s": c.flops / goal.device.flops,
                 "step_s": c.step_time_s,
                 "ideal_s": ideal,
                 "compute_over_ideal": c.compute_s / ideal,
@@ -100,13 +104,15 @@ def main() -> int:
     gib = 1024**3
     print(
         f"{'case':<14}{'chips':>6}{'solve':>8}{'peak / limit (est.)':>22}"
-        f"{'compute (est.)':>16}{'step (est.)':>13}{'ideal':>9}{'compute/ideal':>15}"
+        f"{'compute (est.)':>16}{'of it FLOPs':>13}{'step (est.)':>13}{'ideal':>9}"
+        f"{'compute/ideal':>15}"
     )
     for r in rows:
         peak = f"{r['peak_bytes'] / gib:.1f}/{r['limit_bytes'] / gib:.0f} GiB"
         print(
             f"{r['case']:<14}{r['chips']:>6}{r['solve_s']:>7.1f}s{peak:>22}"
-            f"{r['compute_s']:>15.3f}s{r['step_s']:>12.3f}s{r['ideal_s']:>8.3f}s"
+            f"{r['compute_s']:>15.3f}s{r['flops_s']:>12.3f}s{r['step_s']:>12.3f}s"
+            f"{r['ideal_s']:>8.3f}s"
             f"{r['compute_over_ideal']:>14.2f}x" + (f"  on {r['split']}" if r["split"] else "")
         )
     return 0
