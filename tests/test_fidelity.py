@@ -321,3 +321,16 @@ def test_a_dim_re_cut_on_another_axis_of_its_size_is_one_collective_permute():
     report = verify(goal, plan)
     assert report.ok, report
     assert report.compiled["collective-permute"] > 0
+
+
+def test_reduce_scattered_gradients_are_whole_at_the_reduction_on_cpu():
+    # XLA:CPU runs a reduce-scatter as an all-reduce and a slice: at the combined reduction
+    # every gradient is whole beside its partial sum (the model without it: 0.78x XLA's peak)
+    args = mlp_args(width=512, batch=64)
+    goal = Goal(mlp_step, args, MESH_1D)
+    plan = make_plan(goal, expert_schedules(goal)["Z1"]())
+    xla_peak = verify(goal, plan).stats.true_peak_bytes
+    assert plan.cost.peak_memory_bytes == pytest.approx(xla_peak, rel=0.08)
+    tpu = Goal(mlp_step, args, MESH_1D, device="tpu-v4")
+    tpu_plan = make_plan(tpu, expert_schedules(tpu)["Z1"]())
+    assert tpu_plan.cost.peak_memory_bytes < 0.85 * plan.cost.peak_memory_bytes

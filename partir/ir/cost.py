@@ -673,14 +673,18 @@ class CostModel:
     def _unreduced(self, partials, lb: np.ndarray) -> list[tuple[int, int, float]]:
         """Buffers of partial sums: each lives until the reduction of its group runs (XLA's
         combiners fuse reductions that do not depend on each other into one, after the last
-        of them is ready), and its reduced result only from then on."""
+        of them is ready), and its reduced result only from then on. Where the device
+        scatters whole (Device docs), a reduce-scatter's result is whole at the reduction."""
         ready: dict[tuple, int] = {}
         for at, group, _, _ in partials:
             ready[group] = max(ready.get(group, at), at)
         extra = []
+        whole = self.device.scatters_whole
         for at, group, nbytes, v in partials:
             until = ready[group]
             extra.append((at, until, nbytes))
+            if whole and group[0] == "reduce-scatter":
+                extra.append((until, until, nbytes))
             if until > at and self._stored[v]:
                 extra.append((at, until - 1, -lb[v]))
         return extra

@@ -33,6 +33,9 @@ class Device:
     # copy the whole stack into the gathered layout once, before the loop. Not seen on TPU
     # or GPU builds, so not modelled for them.
     gathers_major_most: bool = False
+    # The device runs a reduce-scatter as an all-reduce and a slice (XLA:CPU): the combined
+    # reduction's results are whole arrays, all live at once beside the partial sums.
+    scatters_whole: bool = False
 
     def axis_bandwidths(self, mesh: Mapping[str, int]) -> dict[str, float]:
         """Bandwidth of each mesh axis. Axes are laid out major first, so the last axes
@@ -78,7 +81,16 @@ CATALOG: dict[str, Device] = {
         Device("b200", 2250e12, 180 * GB, 8000 * GB, 900 * GB, 2e-6, 8, 50 * GB),
         # A laptop-class CPU "device", for examples that run here: ~1 TFLOP/s f32 vector
         # peak, 16 GiB, ~50 GB/s memory, ~10 GB/s between fake devices.
-        Device("cpu", 1e12, 16 * GiB, 50 * GB, 10 * GB, 5e-6, gathers_major_most=True),
+        Device(
+            "cpu",
+            1e12,
+            16 * GiB,
+            50 * GB,
+            10 * GB,
+            5e-6,
+            gathers_major_most=True,
+            scatters_whole=True,
+        ),
     ]
 }
 
