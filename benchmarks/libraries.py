@@ -184,7 +184,9 @@ def mesh_label(mesh: dict[str, int]) -> str:
     return "x".join(f"{a[0]}{n}" for a, n in mesh.items() if n > 1)
 
 
-def run_case(case: Case, seconds: float, log=print, limit: str = "library") -> Row:
+def run_case(
+    case: Case, seconds: float, log=print, limit: str = "library", objective: str = "time"
+) -> Row:
     import jax
 
     import partir
@@ -203,6 +205,7 @@ def run_case(case: Case, seconds: float, log=print, limit: str = "library") -> R
             mesh,
             device=DEVICE,
             schedule=step.schedule,
+            objective=objective,
             search=partir.Search(seconds=seconds, seed=0),
         )
         log(f"  {case.name}: compiling the library's plan")
@@ -307,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         help="partir's memory limit: XLA's allocation for the library's plan, or the HBM",
     )
     ap.add_argument(
+        "--objective",
+        choices=("time", "comm"),
+        default="time",
+        help="what partir's search minimises: the step time it estimates, or the bytes moved",
+    )
+    ap.add_argument(
         "--json",
         action="store_true",
         help="a JSON list of the rows on stdout (the table goes to stderr)",
@@ -339,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:  # libraries print while they build: keep stdout for the table or the JSON
             with contextlib.redirect_stdout(sys.stderr):
-                rows.append(run_case(case, a.seconds, log, a.limit))
+                rows.append(run_case(case, a.seconds, log, a.limit, a.objective))
         except Exception as e:  # one case failing does not stop the others: it is reported
             log(traceback.format_exc())
             rows.append(Row(case.name, "-", error=f"{type(e).__name__}: {e}".splitlines()[0]))

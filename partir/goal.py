@@ -14,6 +14,7 @@ from partir.ir.constraints import constraint_decisions
 from partir.ir.cost import CostModel
 from partir.ir.devices import Device, get_device
 from partir.ir.gc_pause import paused_gc
+from partir.ir.groups import state_layouts
 from partir.ir.messages import did_you_mean
 from partir.ir.program import Program, TraceError, trace
 from partir.ir.propagate import Propagator
@@ -435,7 +436,11 @@ class Goal:
         sizes = self.sizes
         seed = constraint_decisions(self.program, sizes) if self.honour_constraints else []
         with paused_gc():
-            return Propagator(self.program, sizes, seed, self.replicated())
+            # the seed reaches the state's parameters only with the plan's decisions (see
+            # Propagator.seeded): reaching them first, MaxText's activation constraints
+            # chose every weight's sharding before the search could
+            unseeded = state_layouts(self.program) - {d.value for d in seed} if seed else ()
+            return Propagator(self.program, sizes, seed, self.replicated(), unseeded)
 
     def replicated(self) -> dict[int, set[str]]:
         """The axes the schedule's `replicate` statements keep off each input (value id)."""

@@ -190,6 +190,17 @@ def _same_dim(rule: Rule, src: int, dim: int, dst: int) -> int | None:
 _RELAYOUTS = frozenset(("convert_element_type", "copy", "transpose"))
 
 
+def state_layouts(prog: Program) -> set[int]:
+    """The carried state's inputs (parameters, optimizer state) and their layout copies
+    (`relayouts`)."""
+    out: set[int] = set()
+    for path in prog.carried.values():
+        vid = prog.inputs[path]
+        out.add(vid)
+        out.update(w for w, _ in relayouts(prog, vid))
+    return out
+
+
 def relayouts(prog: Program, vid: int) -> list[tuple[int, tuple[int | None, ...]]]:
     """The values that are `vid` laid out anew, with the dim of each that every dim of
     `vid` becomes (None: none): through dtype converts, copies and transposes, and into

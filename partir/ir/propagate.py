@@ -140,11 +140,13 @@ class Propagator:
         mesh: Mapping[str, int],
         seed: Iterable[Decision] = (),
         blocked: Mapping[int, Iterable[str]] | None = None,
+        unseeded: Iterable[int] = (),
     ) -> None:
         attach_rules(program)
         self.program = program
         self.mesh = dict(mesh)
         self.seed = list(seed)
+        self.unseeded = frozenset(unseeded)
         self.blocked = {v: frozenset(axes) for v, axes in (blocked or {}).items() if axes}
         self._empty: dict[frozenset[int], State] = {}
         self.shapes = [v.shape for v in program.values]
@@ -186,13 +188,17 @@ class Propagator:
 
     # -- states ---------------------------------------------------------------------
     def empty(self, frozen: Iterable[int] = ()) -> State:
-        """The state with no decision but the seed; `frozen` values never change."""
+        """The state with no decision but the seed; `frozen` values never change. The seed
+        does not reach the `unseeded` values (the state's parameters and their layout
+        copies): they stay open to the decisions, which meet the seed where they reach it."""
         frozen = frozenset(frozen)
         state = self._empty.get(frozen)
         if state is None:
             state = State({}, frozen, 0)
             if self.seed:
-                state = self.apply_all(state, self.seed)[0]
+                held = State({}, frozen | self.unseeded, 0)
+                seeded = self.apply_all(held, self.seed)[0]
+                state = State(seeded.shardings, frozen, hash(seeded))
             self._empty[frozen] = state
         return state
 
