@@ -212,8 +212,10 @@ class Programs:
 
     def repropagation_may_pay(self) -> bool:
         """Whether propagating the input shardings afresh may beat the searched states:
-        always worth trying on the full program; the copies tell it cheaply."""
-        if not self.copies:
+        always worth trying on the full program; the copies tell it cheaply, except where
+        the program has constraints: the search then scored the plans propagated afresh
+        (`as_planned`), so the copies' comparison would be of one state with itself."""
+        if not self.copies or self.goal.propagator.seed:
             return True
         finals = [p.with_deferred(p.state) for p in self.searched]
         alts = [afresh(p.goal, final) for p, final in zip(self.searched, finals)]
