@@ -197,3 +197,23 @@ def test_the_users_constraints_propagate_with_the_state_and_still_hold():
     alone = compile_stats(step, args, ins, ins[0])  # XLA on its own, given the same shardings
     assert as_cpu_kinds(plan.cost.bytes_by_kind()) == as_cpu_kinds(alone.bytes_by_kind())
     assert partir.verify(goal, plan).ok
+
+
+def test_where_two_factors_claim_one_axis_the_larger_operand_keeps_it():
+    # the weight gradient of a layer whose input and output are both tiled on "b": the
+    # product takes the larger operand's tiling, so only the smaller one is gathered
+    def grad_like(x, h):
+        return jnp.einsum("ni,nj->ij", x, h)
+
+    for large in (1, 0):
+        shapes = [S((8, 16), f32), S((8, 16), f32)]
+        shapes[large] = S((8, 64), f32)
+        prog = trace(grad_like, shapes)
+        prop = Propagator(prog, MESH)
+        x, h = prog.inputs["x"], prog.inputs["h"]
+        state, rejected = prop.apply_all(
+            prop.empty(), [Decision(0, x, 1, "b"), Decision(0, h, 1, "b")]
+        )
+        assert not rejected
+        tiled = ((), ("b",)) if large == 1 else (("b",), ())
+        assert prop.sharding(state, prog.outputs["out"]) == tiled

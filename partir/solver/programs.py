@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from partir.goal import Goal
 from partir.ir.cost import Cost
@@ -129,6 +129,12 @@ class Programs:
         if self.copies:
             for p in self.searched:
                 p.state = p.prop.apply_all(p.state, manual_decisions(p.goal))[0]
+
+    def hold_back(self, axes: Sequence[str]) -> None:
+        """While an axis is searched, the axes after it stay out of the parameters'
+        propagation on every program (Propagator.hold_back)."""
+        for p in self._all():
+            p.prop.hold_back(axes)
 
     def compile_axis(self, axis: str, priority: int) -> AxisProblem:
         """Compile the axis's strategies on every program and apply what they require; the

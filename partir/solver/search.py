@@ -140,55 +140,59 @@ def _solve(
     reward = Reward(goal, programs)
     axes = schedule_axes(goal)
     records: list[AxisRecord] = []
-    for k, axis in enumerate(axes):
-        priority = 10 * (k + 1)
-        problem = programs.compile_axis(axis, priority)
-        reward.later_ways = math.prod(goal.sizes[a] for a in axes[k + 1 :])
-        reward.cache.clear()  # rewards depend on the axis (later, the deferred stages)
-        zero_stages = AUTO_ZERO_STAGES if _zero_may_help(reward, problem) else ()
-        env = AxisEnvironment(programs.searched, axis, priority + 9, reward, zero_stages)
-        useful = programs.useful(problem, axis, priority + 9)
-        actions, pruned, must = _prune(programs, problem, useful, env, zero_stages)
-        programs.offer(actions, must, axis)
-        # what is left of the budgets, shared by the axes still to search: an axis that
-        # needs less (nothing to choose, or converged) leaves the rest to the later ones
-        axes_left = len(axes) - k
-        axis_episodes = axis_seconds = None
-        if episodes is not None:
-            axis_episodes = -(-max(episodes - sum(r.episodes for r in records), 0) // axes_left)
-        if seconds is not None:
-            axis_seconds = max(seconds - (time.perf_counter() - start), 0.0) / axes_left
-        root = AxisNode(programs.states(), False)
-        result = mcts.search(
-            env,
-            root,
-            episodes=axis_episodes,
-            seconds=axis_seconds,
-            patience=search.patience,
-            uct_c=search.uct_c,
-            seed=search.seed + k,
-            rollout=search.rollout,
-            progress=functools.partial(progress, axis) if progress else None,
-        )
-        best = result.best_state if result.best_state is not None else root
-        chosen = _chosen(programs, best, axis)
-        extra = env.zero_at_stop(best.zero_stage)
-        programs.commit(best.applied, best.states, axis, priority + 9, extra)
-        records.append(
-            AxisRecord(
-                axis=axis,
-                actions_before=len(problem.actions),
-                actions_after=len(actions),
-                pruned=pruned,
-                episodes=result.episodes,
-                seconds=result.seconds,
-                stop_reason=result.stop_reason,
-                chosen=chosen,
-                curve=result.curve,
+    try:
+        for k, axis in enumerate(axes):
+            priority = 10 * (k + 1)
+            programs.hold_back(axes[k + 1 :])
+            problem = programs.compile_axis(axis, priority)
+            reward.later_ways = math.prod(goal.sizes[a] for a in axes[k + 1 :])
+            reward.cache.clear()  # rewards depend on the axis (later, the deferred stages)
+            zero_stages = AUTO_ZERO_STAGES if _zero_may_help(reward, problem) else ()
+            env = AxisEnvironment(programs.searched, axis, priority + 9, reward, zero_stages)
+            useful = programs.useful(problem, axis, priority + 9)
+            actions, pruned, must = _prune(programs, problem, useful, env, zero_stages)
+            programs.offer(actions, must, axis)
+            # what is left of the budgets, shared by the axes still to search: an axis that
+            # needs less (nothing to choose, or converged) leaves the rest to the later ones
+            axes_left = len(axes) - k
+            axis_episodes = axis_seconds = None
+            if episodes is not None:
+                axis_episodes = -(-max(episodes - sum(r.episodes for r in records), 0) // axes_left)
+            if seconds is not None:
+                axis_seconds = max(seconds - (time.perf_counter() - start), 0.0) / axes_left
+            root = AxisNode(programs.states(), False)
+            result = mcts.search(
+                env,
+                root,
+                episodes=axis_episodes,
+                seconds=axis_seconds,
+                patience=search.patience,
+                uct_c=search.uct_c,
+                seed=search.seed + k,
+                rollout=search.rollout,
+                progress=functools.partial(progress, axis) if progress else None,
             )
-        )
-        if result.stop_reason == "interrupted":
-            break
+            best = result.best_state if result.best_state is not None else root
+            chosen = _chosen(programs, best, axis)
+            extra = env.zero_at_stop(best.zero_stage)
+            programs.commit(best.applied, best.states, axis, priority + 9, extra)
+            records.append(
+                AxisRecord(
+                    axis=axis,
+                    actions_before=len(problem.actions),
+                    actions_after=len(actions),
+                    pruned=pruned,
+                    episodes=result.episodes,
+                    seconds=result.seconds,
+                    stop_reason=result.stop_reason,
+                    chosen=chosen,
+                    curve=result.curve,
+                )
+            )
+            if result.stop_reason == "interrupted":
+                break
+    finally:  # the goal's own propagator: later plans of the goal propagate in full
+        programs.hold_back(())
     # ZeRO's dims, chosen on the committed plan (the search scored the largest ones)
     programs.full.deferred = choose_zero_dims(
         programs.searched, programs.cost, functools.partial(better, goal)
