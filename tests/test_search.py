@@ -579,24 +579,25 @@ def _constrained_layers(act):
     return step
 
 
-def test_the_users_constraints_leave_the_parameters_to_the_search():
-    # seeded first, the constraints chose every weight's sharding through the matmuls, and
-    # megatron had nothing left to tile (MaxText: the tensor axis searched no action, and the
-    # plan moved 1.8x the bytes of MaxText's own). Now the weights stay open, the search
-    # scores each plan as make_plan propagates it (constraints with the input shardings)
+def _constrained_goal(schedule, episodes: int):
+    """The MaxText-pattern toy on data x model, activations constrained (data, -, model)."""
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     step = _constrained_layers(NamedSharding(mesh, P("data", None, "model")))
     params = {"up": S((4, 64, 256), jnp.float32), "down": S((4, 256, 64), jnp.float32)}
-    goal = partir.Goal(
-        step,
-        (params, S((16, 32, 64), jnp.float32)),
-        mesh,
-        schedule=[st.batch("data"), st.megatron("model")],
-        search=partir.Search(episodes=200, seed=0),
-    )
+    args = (params, S((16, 32, 64), jnp.float32))
+    search = partir.Search(episodes=episodes, seed=0)
+    return partir.Goal(step, args, mesh, schedule=schedule, search=search)
+
+
+def test_the_users_constraints_leave_the_parameters_to_the_search():
+    # seeded first, the constraints chose every weight's sharding through the matmuls, and
+    # megatron had nothing left to tile (MaxText: the tensor axis searched no action, and the
+    # plan moved 1.8x the bytes of MaxText's own). Now the weights stay open, the search
+    # scores each plan as make_plan propagates it (constraints with the input shardings)
+    goal = _constrained_goal([st.batch("data"), st.megatron("model")], episodes=200)
     prog, prop = goal.program, goal.propagator
     root = prop.empty()
     assert not any(any(prop.sharding(root, prog.inputs[p])) for p in ("params/up", "params/down"))
@@ -615,21 +616,9 @@ def test_a_search_step_holds_the_later_axes_out_of_the_parameters():
     # an MoE weight tiled on `expert` used to take the constraint's `tensor` too, through the
     # matmul it feeds, before megatron's step, which then had no action on it (MaxText
     # Mixtral on data x expert x tensor: XLA allocated 1.17x MaxText's own plan; 0.81x now)
-    from jax.sharding import AxisType, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
     from partir.ir.propagate import Decision
 
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    step = _constrained_layers(NamedSharding(mesh, P("data", None, "model")))
-    params = {"up": S((4, 64, 256), jnp.float32), "down": S((4, 256, 64), jnp.float32)}
-    goal = partir.Goal(
-        step,
-        (params, S((16, 32, 64), jnp.float32)),
-        mesh,
-        schedule=[st.zero("data", 3), st.megatron("model")],
-        search=partir.Search(episodes=50, seed=0),
-    )
+    goal = _constrained_goal([st.zero("data", 3), st.megatron("model")], episodes=50)
     prog, prop = goal.program, goal.propagator
     up = prog.inputs["params/up"]
     decision = Decision(10, up, 2, "data")
