@@ -400,11 +400,9 @@ class Propagator:
             shape = self.shapes[v]
             blocked = self.blocked.get(v, frozenset())
             later = self.held_back if v in self.unseeded else ()
-            order = range(len(dims))
+            order: list[int] = list(range(len(dims)))
             if len(rank) > 1:
-                order = sorted(
-                    order, key=lambda d: min((rank.get(f, last) for f in dims[d]), default=last)
-                )  # noqa: E501
+                order.sort(key=lambda d: min((rank.get(f, last) for f in dims[d]), default=last))
             for d in order:
                 fs = dims[d]
                 target = join_axes(fs, factor_axes, sizes, mesh)
