@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from partir.dsl.errors import GoalError, StatementPlanError
 from partir.ir import units
 from partir.ir.constraints import constraint_decisions
 from partir.ir.cost import CostModel
@@ -356,7 +357,8 @@ class Goal:
         (FILE:LINE:COL) when the goal came from one."""
         if self.statement_error is None:
             return PlanError(message)
-        return self.statement_error(strategy, message)
+        e = self.statement_error(strategy, message)
+        return StatementPlanError.of(e) if isinstance(e, GoalError) else e
 
     @property
     def num_devices(self) -> int:

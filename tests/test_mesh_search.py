@@ -129,6 +129,16 @@ def test_goal_file_mesh_over_n():
     assert goal.open_axes == ["model"] and goal.num_devices == 8
 
 
+def test_a_goal_file_shape_its_strategy_cannot_use_is_recorded_not_raised():
+    # as the Python goal above: a strategy's error at its statement, for one shape only
+    goal = partir.load_goal_text(GOAL.format(mesh="batch=?, model=? over 16"), "g.partir")
+    plan = partir.solve(goal, baselines=False)
+    bad = [r for r in plan.search["meshes"] if "error" in r]
+    assert [r["mesh"] for r in bad] == [{"batch": 16, "model": 1}]
+    assert bad[0]["error"].startswith("g.partir:4:14: error: batch on axis 'batch' (size 16)")
+    assert plan.mesh != {"batch": 16, "model": 1}
+
+
 @pytest.mark.parametrize(
     ("mesh", "where", "message"),
     [

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from partir.ir.messages import first_bad_byte
+from partir.ir.specs import PlanError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,16 @@ class GoalError(ValueError):
             f"{self.filename}:{self.line}:{self.column}: error: {self.message}\n"
             f"{self.source_line}\n{lead}^"
         )
+
+
+class StatementPlanError(GoalError, PlanError):
+    """A goal file's strategy that cannot apply to the program on the goal's mesh, reported
+    at its statement: a GoalError to the user, and a PlanError to whatever tries several
+    meshes (the mesh search records it for the one shape and goes on)."""
+
+    @classmethod
+    def of(cls, e: GoalError) -> StatementPlanError:
+        return cls(e.message, e.filename, e.line, e.column, e.source_line)
 
 
 @dataclasses.dataclass(frozen=True)
