@@ -18,7 +18,9 @@ at the device's peak (what XLA's cost analysis would count, rematerialisation in
 rest of the compute estimate is kernels bound by HBM bandwidth, most of it attention's
 S x S softmax, which XLA materialises where a model does not call a fused attention kernel. Where the plan splits a mesh axis
 in two parts (16 tensor ways over 8 key-value heads: `tensor:0` x `tensor:1`, see
-partir/solver/subaxes.py), the parts are named after the ratio.
+partir/solver/subaxes.py), the parts are named after the ratio. The last case leaves the
+shape to partir: every data x fsdp x tensor of 4096 chips is screened on the model's
+shallow copies and the best few searched in full (partir/solver/mesh_search.py).
 """
 
 from __future__ import annotations
@@ -35,15 +37,19 @@ CASES = [
     ("70b 16x16x16", "70b", {"data": 16, "fsdp": 16, "tensor": 16}),
     ("70b 16x32x8", "70b", {"data": 16, "fsdp": 32, "tensor": 8}),
     ("8b 4x16x4", "8b", {"data": 4, "fsdp": 16, "tensor": 4}),
+    # the shape searched: every data x fsdp x tensor of 4096 chips (`data=?, ... over 4096`)
+    ("70b ? over 4096", "70b", {"data": None, "fsdp": None, "tensor": None}),
 ]
+CHIPS = 4096  # of the searched shape
 
 
 def goal_text(preset: str, mesh: dict[str, int], seconds: float) -> str:
     text = (ROOT / "examples" / "llama.partir").read_text()
     text = text.replace('preset="8b"', f'preset="{preset}"')
+    over = f" over {CHIPS}" if None in mesh.values() else ""
     text = text.replace(
         "mesh    data=4, fsdp=16, tensor=4",
-        "mesh    " + ", ".join(f"{a}={n}" for a, n in mesh.items()),
+        "mesh    " + ", ".join(f"{a}={n or '?'}" for a, n in mesh.items()) + over,
     )
     return text.replace("seconds=30", f"seconds={seconds:g}")
 
@@ -67,9 +73,9 @@ def run(seconds: float) -> list[dict]:
         goal = partir.load_goal_text(goal_text(preset, mesh, seconds), "<production_scale>")
         plan = partir.solve(goal, baselines=False)
         wall = time.perf_counter() - t0
-        chips = 1
+        chips = CHIPS if None in mesh.values() else 1
         for n in mesh.values():
-            chips *= n
+            chips *= n or 1
         ideal = ideal_seconds(preset, chips, goal.device.flops)
         c = plan.cost
         rows.append(
@@ -86,6 +92,7 @@ def run(seconds: float) -> list[dict]:
                 "ideal_s": ideal,
                 "compute_over_ideal": c.compute_s / ideal,
                 "split": ", ".join(a for a in plan.mesh if a not in mesh),
+                "mesh": dict(plan.mesh) if None in mesh.values() else None,
             }
         )
         print(f"  {label}: {wall:.1f} s", file=sys.stderr, flush=True)
@@ -103,17 +110,19 @@ def main() -> int:
         return 0
     gib = 1024**3
     print(
-        f"{'case':<14}{'chips':>6}{'solve':>8}{'peak / limit (est.)':>22}"
+        f"{'case':<16}{'chips':>6}{'solve':>8}{'peak / limit (est.)':>22}"
         f"{'compute (est.)':>16}{'of it FLOPs':>13}{'step (est.)':>13}{'ideal':>9}"
         f"{'compute/ideal':>15}"
     )
     for r in rows:
         peak = f"{r['peak_bytes'] / gib:.1f}/{r['limit_bytes'] / gib:.0f} GiB"
         print(
-            f"{r['case']:<14}{r['chips']:>6}{r['solve_s']:>7.1f}s{peak:>22}"
+            f"{r['case']:<16}{r['chips']:>6}{r['solve_s']:>7.1f}s{peak:>22}"
             f"{r['compute_s']:>15.3f}s{r['flops_s']:>12.3f}s{r['step_s']:>12.3f}s"
             f"{r['ideal_s']:>8.3f}s"
-            f"{r['compute_over_ideal']:>14.2f}x" + (f"  on {r['split']}" if r["split"] else "")
+            f"{r['compute_over_ideal']:>14.2f}x"
+            + (f"  on {r['split']}" if r["split"] else "")
+            + (f"  chose {'x'.join(map(str, r['mesh'].values()))}" if r["mesh"] else "")
         )
     return 0
 
