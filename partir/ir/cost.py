@@ -198,7 +198,9 @@ class CostModel:
         self._ways: dict[Sharding, int] = {}  # see _ways_of
         self._operands = propagator.operands
         prog = self.program
-        self.liveness = liveness.analyse(prog, self._operands, donate=donate)
+        self.liveness = liveness.analyse(
+            prog, self._operands, donate=donate, schedules_early=device.schedules_early
+        )
         self.free = self.liveness.free
         self._stored = self.liveness.stored.tolist()
         self._position = self.liveness.position.tolist()
@@ -633,6 +635,7 @@ class CostModel:
                         if kind == "all-gather" and self._gathers_transposed(v, src, want):
                             # the gathered buffer beside its copy in the default layout
                             buffers[(reuse, "transposed")] = [position[i], position[i], buf[2]]
+                    buf[0] = min(buf[0], position[i])  # (an op the device runs early)
                     buf[1] = max(buf[1], position[i], loop_end.get(i, -1))
                     # one collective per checkpoint region: XLA recomputes it in each. One
                     # buffer all the same, from its first use to its last: high where the
