@@ -105,6 +105,7 @@ class Program:
     # per scan or while loop, (first op, last op): the ops that bind its inputs, its body
     # (nested loops inside), and the links that close it
     loops: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    ruled_ops: int = 0  # how many of `ops`, from the first, have their rule (attach_rules)
 
     def __post_init__(self) -> None:
         self.users = [[] for _ in self.values]

@@ -82,6 +82,8 @@ def _rekey(key: int, vid: int, old: Sharding, new: Sharding) -> int:
 def attach_rules(program: Program) -> None:
     """Give every op of `program` its factor rule (once). A primitive without a rule warns
     once per program, naming where it first occurs and how many ops it has."""
+    if program.ruled_ops == len(program.ops):  # called by every analysis: a no-op after one
+        return
     vals = program.values
     counts = Counter(op.primitive for op in program.ops if op.rule is None)
     warned: set[str] = set()
@@ -115,6 +117,7 @@ def attach_rules(program: Program) -> None:
         )
         if key is not None:
             same[key] = op.rule
+    program.ruled_ops = len(program.ops)
 
 
 def _signature(primitive: str, ins: list, outs: list, params: dict) -> tuple | None:
