@@ -134,62 +134,16 @@ def _solve(
     """One search of the schedule within `seconds` and `episodes` (None: no cap), on the
     shallow copies when `proxy` is given, else on the whole program."""
     start = time.perf_counter()
-    search = goal.search
     programs = Programs(goal, proxy)
     programs.apply_manual()
     reward = Reward(goal, programs)
     axes = schedule_axes(goal)
     records: list[AxisRecord] = []
     try:
-        for k, axis in enumerate(axes):
-            priority = 10 * (k + 1)
-            programs.hold_back(axes[k + 1 :])
-            problem = programs.compile_axis(axis, priority)
-            reward.later_ways = math.prod(goal.sizes[a] for a in axes[k + 1 :])
-            reward.cache.clear()  # rewards depend on the axis (later, the deferred stages)
-            zero_stages = AUTO_ZERO_STAGES if _zero_may_help(reward, problem) else ()
-            env = AxisEnvironment(programs.searched, axis, priority + 9, reward, zero_stages)
-            useful = programs.useful(problem, axis, priority + 9)
-            actions, pruned, must = _prune(programs, problem, useful, env, zero_stages)
-            programs.offer(actions, must, axis)
-            # what is left of the budgets, shared by the axes still to search: an axis that
-            # needs less (nothing to choose, or converged) leaves the rest to the later ones
-            axes_left = len(axes) - k
-            axis_episodes = axis_seconds = None
-            if episodes is not None:
-                axis_episodes = -(-max(episodes - sum(r.episodes for r in records), 0) // axes_left)
-            if seconds is not None:
-                axis_seconds = max(seconds - (time.perf_counter() - start), 0.0) / axes_left
-            root = AxisNode(programs.states(), False)
-            result = mcts.search(
-                env,
-                root,
-                episodes=axis_episodes,
-                seconds=axis_seconds,
-                patience=search.patience,
-                uct_c=search.uct_c,
-                seed=search.seed + k,
-                rollout=search.rollout,
-                progress=functools.partial(progress, axis) if progress else None,
-            )
-            best = result.best_state if result.best_state is not None else root
-            chosen = _chosen(programs, best, axis)
-            extra = env.zero_at_stop(best.zero_stage)
-            programs.commit(best.applied, best.states, axis, priority + 9, extra)
-            records.append(
-                AxisRecord(
-                    axis=axis,
-                    actions_before=len(problem.actions),
-                    actions_after=len(actions),
-                    pruned=pruned,
-                    episodes=result.episodes,
-                    seconds=result.seconds,
-                    stop_reason=result.stop_reason,
-                    chosen=chosen,
-                    curve=result.curve,
-                )
-            )
-            if result.stop_reason == "interrupted":
+        for k in range(len(axes)):
+            budget = _axis_budget(len(axes) - k, records, start, seconds, episodes)
+            records.append(_search_axis(goal, programs, reward, axes, k, budget, progress))
+            if records[-1].stop_reason == "interrupted":
                 break
     finally:  # the goal's own propagator: later plans of the goal propagate in full
         programs.hold_back(())
@@ -209,9 +163,91 @@ def _solve(
     repropagated = alt is not None and better(goal, alt.cost, plan.cost)
     if alt is not None and repropagated:
         plan = alt
+    plan.search = _search_record(goal, plan, programs, reward, records, proxy, why, repropagated)
+    return plan
+
+
+def _axis_budget(
+    axes_left: int,
+    records: list[AxisRecord],
+    start: float,
+    seconds: float | None,
+    episodes: int | None,
+) -> tuple[int | None, float | None]:
+    """(episodes, seconds) for the next axis: what is left of the budgets, shared by the axes
+    still to search (an axis that needs less, with nothing to choose or converged, leaves the
+    rest to the later ones); None: no cap."""
+    axis_episodes = axis_seconds = None
+    if episodes is not None:
+        axis_episodes = -(-max(episodes - sum(r.episodes for r in records), 0) // axes_left)
+    if seconds is not None:
+        axis_seconds = max(seconds - (time.perf_counter() - start), 0.0) / axes_left
+    return axis_episodes, axis_seconds
+
+
+def _search_axis(
+    goal: Goal,
+    programs: Programs,
+    reward: Reward,
+    axes: list[str],
+    k: int,
+    budget: tuple[int | None, float | None],
+    progress: Callable[[str, int, float, float], None] | None,
+) -> AxisRecord:
+    """Compile, prune and search axis `axes[k]`, and commit its best state."""
+    search, axis, priority = goal.search, axes[k], 10 * (k + 1)
+    programs.hold_back(axes[k + 1 :])
+    problem = programs.compile_axis(axis, priority)
+    reward.later_ways = math.prod(goal.sizes[a] for a in axes[k + 1 :])
+    reward.cache.clear()  # rewards depend on the axis (later, the deferred stages)
+    zero_stages = AUTO_ZERO_STAGES if _zero_may_help(reward, problem) else ()
+    env = AxisEnvironment(programs.searched, axis, priority + 9, reward, zero_stages)
+    useful = programs.useful(problem, axis, priority + 9)
+    actions, pruned, must = _prune(programs, problem, useful, env, zero_stages)
+    programs.offer(actions, must, axis)
+    root = AxisNode(programs.states(), False)
+    result = mcts.search(
+        env,
+        root,
+        episodes=budget[0],
+        seconds=budget[1],
+        patience=search.patience,
+        uct_c=search.uct_c,
+        seed=search.seed + k,
+        rollout=search.rollout,
+        progress=functools.partial(progress, axis) if progress else None,
+    )
+    best = result.best_state if result.best_state is not None else root
+    chosen = _chosen(programs, best, axis)
+    extra = env.zero_at_stop(best.zero_stage)
+    programs.commit(best.applied, best.states, axis, priority + 9, extra)
+    return AxisRecord(
+        axis=axis,
+        actions_before=len(problem.actions),
+        actions_after=len(actions),
+        pruned=pruned,
+        episodes=result.episodes,
+        seconds=result.seconds,
+        stop_reason=result.stop_reason,
+        chosen=chosen,
+        curve=result.curve,
+    )
+
+
+def _search_record(
+    goal: Goal,
+    plan: Plan,
+    programs: Programs,
+    reward: Reward,
+    records: list[AxisRecord],
+    proxy: ShallowCopies | None,
+    why: str,
+    repropagated: bool,
+) -> dict:
+    """What `plan.search` says of the search."""
     predicted = programs.predicted()
-    plan.search = {
-        "seed": search.seed,
+    return {
+        "seed": goal.search.seed,
         "episodes": sum(r.episodes for r in records),
         "seconds": None,  # set by solve
         # of `seconds`, the work on the full program outside the search: building its
@@ -233,7 +269,6 @@ def _solve(
         "repropagated": repropagated,  # the plan is its input shardings propagated afresh
         "axes": [dataclasses.asdict(r) for r in records],
     }
-    return plan
 
 
 def _prune(
