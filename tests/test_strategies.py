@@ -163,24 +163,3 @@ def test_expert_params_name_the_moe_weights_and_no_others():
         'mesh data=2, model=4\naxis model { expert(params=["**/moe/w_in"]) }\n'
     )
     assert spec.schedule[0] == S.expert("model", params=("**/moe/w_in",))
-
-
-def _megatron_actions(scan: bool) -> set[tuple[str, int]]:
-    from partir.ir.groups import find_groups
-    from partir.models import llama
-    from partir.strategies.compile import compile_axis
-
-    args = llama.example_args(preset="small", layers=4, compute_dtype="float32", scan=scan)
-    goal = partir.Goal(llama.train_step, args, {"tensor": 4}, schedule=[S.megatron("tensor")])
-    prog, prop = goal.program, goal.propagator
-    problem = compile_axis(goal, "tensor", prop.empty(), find_groups(prog), 0)
-    return {(prog.input_paths[a.values[0]], a.dim) for a in problem.actions}
-
-
-def test_megatron_never_tiles_the_layer_dim_that_a_scan_slices():
-    scanned = _megatron_actions(scan=True)
-    assert ("params/layers/attn/q", 0) not in scanned  # (layers, d, heads, head dim)
-    assert ("params/layers/mlp/w_in", 0) not in scanned
-    assert {("params/layers/attn/q", 2), ("params/layers/mlp/w_in", 2)} <= scanned
-    # unrolled, dim 0 of a layer's weight is a matmul dim (d_model) and stays an action
-    assert ("params/layers/0/attn/q", 0) in _megatron_actions(scan=False)

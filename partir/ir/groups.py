@@ -237,21 +237,6 @@ def relayouts(prog: Program, vid: int) -> list[tuple[int, tuple[int | None, ...]
     return out
 
 
-def scanned_dims(prog: Program, vid: int) -> set[int]:
-    """The dims of input `vid` that a loop scans over (a layer stack's layer dim): through
-    dtype converts, copies and transposes, the leading dims of a scan's `xs` that each
-    iteration slices off."""
-    out: set[int] = set()
-    chains = [(vid, tuple(range(len(prog.values[vid].shape))))] + relayouts(prog, vid)
-    for w, mapped in chains:
-        for i in prog.users[w]:
-            op = prog.ops[i]
-            if op.primitive == "_link" and op.params["kind"] == "xs" and op.inputs[0] == w:
-                cut = op.params["offset"]
-                out.update(d for d, e in enumerate(mapped) if e is not None and e < cut)
-    return out
-
-
 ROUTERS = frozenset(("top_k", "argmax", "argmin", "argsort"))  # what picks experts by score
 
 

@@ -1,21 +1,24 @@
 """`megatron`: tensor parallelism. The search may tile the weights that feed a matmul
-(rank >= 2, through converts and reshapes) on any dim the axis divides and that no earlier
-axis tiles, or that only earlier megatron axes tile (it then goes minor: megatron on
-`tensor:0` and `tensor:1`, the two parts of a split axis, cuts query heads the whole 16
-ways); never the layer dim of a stack that a loop scans over (each iteration would gather
-its layer: a layout over the layers, not within them). A table that is only looked up (an
-untied embedding) may be tiled on its looked-up dim, as Megatron-LM's vocab-parallel
-embedding does (each device looks up the rows it holds; an all-reduce completes the
-lookup). Data inputs are kept whole on the axis. It does not pin the residual stream: the
-cost model charges whatever a choice implies, and the search keeps the cheap ones. It cannot
-share an axis with data parallelism (`batch`, `fsdp`), which tiles what it keeps whole.
+(rank >= 2, through converts and reshapes) on any dim the axis divides and no earlier axis
+tiles, or that only earlier megatron axes tile (it then goes minor: megatron on `tensor:0`
+and `tensor:1`, the two parts of a split axis, cuts query heads the whole 16 ways), and a table that is only looked up (an untied embedding) on its looked-up dim, as
+Megatron-LM's vocab-parallel embedding does (each device looks up the rows it holds; an
+all-reduce completes the lookup); data inputs are kept whole on the axis. It does not pin
+the residual stream: the cost model charges whatever a choice implies, and the search keeps
+the cheap ones. It cannot share an axis with data parallelism (`batch`, `fsdp`), which tiles
+what it keeps whole.
+
+A scanned layer stack's layer dim stays an action: each iteration then gathers its layer
+(ZeRO over the layers, on the megatron axis), and on MaxText's llama2 at data 2 x fsdp 2 x
+tensor 2 the search's plan tiled the value kernels' layer dim and XLA moved 0.97x MaxText's
+bytes; with the layer dim left out it moved 1.06x.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from partir.ir.groups import Action, gathered_tables, matmul_operands, scanned_dims
+from partir.ir.groups import Action, gathered_tables, matmul_operands
 from partir.strategies.base import AxisContext, Constraints, Strategy
 
 
@@ -34,8 +37,7 @@ class Megatron(Strategy):
         for g in ctx.groups:
             if not g.params or len(g.shape) < 2:
                 continue
-            scanned = scanned_dims(ctx.goal.program, g.members[0])
-            free = [d for d in ctx.free_dims(g.members[0], minor_to=stacks_on) if d not in scanned]
+            free = ctx.free_dims(g.members[0], minor_to=stacks_on)
             if any(v in weights for v in g.params):
                 actions += [Action(g.name, d, g.members) for d in free]
             else:
