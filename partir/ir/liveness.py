@@ -232,7 +232,7 @@ def early_positions(
     program: Program, operands: Sequence[Sequence[int]], live_ops: np.ndarray
 ) -> np.ndarray:
     """Per op, the position XLA:CPU's schedule runs it at: its own, except for copies made
-    of the arguments alone outside loops (a convolution's kernel transposed and reversed for
+    of the arguments alone, outside loops (a convolution's kernel transposed and reversed for
     its backward: in a U-Net's step, 20 of them held a third of XLA's peak), which it runs
     before anything else, their operands being ready from the start.
 
@@ -241,14 +241,11 @@ def early_positions(
     each layer's recompute beside its forward pass, and its buffers live to the backward
     (XLA's peak 1.7x the model's); on the same Llama data-parallel, and on a
     rematerialised MLP, it does not."""
-    end = len(program.ops)
-    position = np.arange(end, dtype=np.int64)
-    in_loop = np.zeros(end, dtype=bool)
-    for first, last in program.loops:
-        in_loop[first : last + 1] = True
+    position = np.arange(len(program.ops), dtype=np.int64)
+    # a loop body or branch reads its outer values through links, never an argument itself
     of_arguments = set(program.inputs.values())
     for i, op in enumerate(program.ops):
-        if not live_ops[i] or in_loop[i] or op.multiplicity != 1 or op.primitive not in LAYOUT:
+        if not live_ops[i] or op.primitive not in LAYOUT:
             continue
         if operands[i] and of_arguments.issuperset(operands[i]):
             of_arguments.update(op.outputs)
