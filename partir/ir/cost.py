@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Set
 
 import numpy as np
 
@@ -199,11 +199,10 @@ class CostModel:
         self._operands = propagator.operands
         prog = self.program
         self.liveness = liveness.analyse(
-            prog, self._operands, donate=donate, schedules_early=device.schedules_early
+            prog, self._operands, donate=donate, breadth_first=device.schedules_breadth_first
         )
         self.free = self.liveness.free
         self._stored = self.liveness.stored.tolist()
-        self._position = self.liveness.position.tolist()
         self._live_ops = self.liveness.live_ops.tolist()
         self.is_input = np.zeros(len(prog.values), dtype=bool)
         self.is_input[list(prog.inputs.values())] = True
@@ -229,9 +228,10 @@ class CostModel:
         # a loop input resharded where the loop binds it is held until the loop ends
         self._loop_end = {
             i: last
-            for i, (_, last) in self.liveness.loop_extent.items()
+            for i, (_, last) in liveness.loop_extents(prog).items()
             if prog.ops[i].params["kind"] != "ys"
         }
+        self._schedules: dict[tuple, tuple[liveness.Liveness, list]] = {}  # see _scheduled
 
     # -- memory -----------------------------------------------------------------------
 
@@ -251,13 +251,6 @@ class CostModel:
         """How many pieces sharding `s` cuts a value into (memoised)."""
         n = self._ways[s] = math.prod(self.prop.size(axes) for axes in s)
         return n
-
-    def memory(self, state: State, extra: Sequence[tuple[int, int, float]] = ()) -> tuple[int, int]:
-        """(argument bytes, peak live bytes) per device; `extra`: buffers of the state's
-        collectives as (start, end, bytes), see `cost`."""
-        lb = self.local_bytes(state)
-        args = int(lb[self.is_input].sum())
-        return args, liveness.peak(lb, self.liveness, extra)[1]
 
     # -- per-op costs -----------------------------------------------------------------
     def _drop_trivial(self, c: OpCost) -> OpCost:
@@ -552,13 +545,15 @@ class CostModel:
 
     def cost(self, state: State, *, detail: bool = True) -> Cost:
         """The cost of `state`; `detail=False` skips the per-collective sources."""
-        compute, comm, flops, hbm, by_kind, colls, comm_bytes, lb, extra = self._walk(state, detail)
+        compute, comm, flops, hbm, by_kind, colls, comm_bytes, lb, extra, lv = self._walk(
+            state, detail
+        )
         return Cost(
             step_time_s=compute + comm,
             compute_s=compute,
             comm_s=comm,
             argument_bytes=int(lb[self.is_input].sum()),
-            peak_memory_bytes=liveness.peak(lb, self.liveness, extra)[1],
+            peak_memory_bytes=liveness.peak(lb, lv, extra)[1],
             comm_bytes=int(comm_bytes),
             flops=flops,
             collectives=colls,
@@ -570,11 +565,11 @@ class CostModel:
     def peak_buffers(self, state: State, top: int = 5) -> list[tuple[int, str]]:
         """The `top` largest buffers live at the peak of `state`, as (bytes, what it is and
         where the program makes it), largest first."""
-        *_, lb, extra = self._walk(state, False)
-        at, _ = liveness.peak(lb, self.liveness, extra)
+        *_, lb, extra, lv = self._walk(state, False)
+        at, _ = liveness.peak(lb, lv, extra)
         prog = self.program
         found = []
-        for v in liveness.live_at(lb, self.liveness, at)[:top]:
+        for v in liveness.live_at(lb, lv, at)[:top]:
             i = prog.producer[v]
             what = prog.input_paths.get(v) or (
                 f"{prog.ops[i].primitive}{prog.ops[i].location}" if i is not None else f"value {v}"
@@ -587,7 +582,8 @@ class CostModel:
 
     def _walk(self, state: State, detail: bool):
         """One pass over the ops: (compute s, comm s, flops, HBM bytes, comm s by kind, collectives,
-        comm bytes, local bytes per value, extra buffers as (start, end, bytes))."""
+        comm bytes, local bytes per value, extra buffers as (start, end, bytes), the liveness
+        with the readers of partial sums waiting for their reduction)."""
         dev = self.device
         compute = comm = flops_total = hbm = 0.0
         by_kind = dict.fromkeys(KINDS, 0.0)
@@ -598,13 +594,19 @@ class CostModel:
         depth_of = depth.__getitem__
         combined: set[tuple] = set()  # (kind, axes, depth, multiplicity) seen
         deepest = 0
+        # reductions of partial sums on the longest chain before: XLA combines those that do
+        # not depend on each other, whatever else the chains between them gather
+        reduced = [0] * len(self.program.values)
+        reduced_of = reduced.__getitem__
+        most_reduced = 0
         # op_cost inlined where the op's template needs no rebinding (most ops)
         kinds, all_vids, templates = self._kinds, self.prop.vids, self._templates
         sharding_of = state.shardings.get
-        live_ops, position = self._live_ops, self._position
-        buffers: dict[tuple, list] = {}  # reshard key -> [first position, last position, bytes]
-        partials: list[tuple[int, tuple, float, int]] = []  # (position, group, bytes, value)
+        live_ops = self._live_ops
+        buffers: dict[tuple, list] = {}  # reshard key -> [the ops it is live over, bytes]
+        partials: list[tuple[int, tuple, float, int]] = []  # (op, group, bytes, value)
         returned: list[tuple[tuple, int]] = []  # (reshard key, output) of carried state
+        transposed: dict[tuple, float] = {}  # reshard key -> bytes of its gathered layout
         stack_of, copied = self._stack_of, set()  # layer stacks whose slices are gathered
         loop_end = self._loop_end
         for i, (op, operands) in enumerate(zip(self.program.ops, self._operands)):
@@ -629,14 +631,16 @@ class CostModel:
                     if buf is None:
                         v, src, want = reuse
                         size = local_size(self.prop.shapes[v], want, self.mesh)
-                        buf = buffers[reuse] = [position[i], position[i], size * self._itemsize[v]]
+                        buf = buffers[reuse] = [[], size * self._itemsize[v]]
                         if i in self._state_links:
                             returned.append((reuse, v))
                         if kind == "all-gather" and self._gathers_transposed(v, src, want):
-                            # the gathered buffer beside its copy in the default layout
-                            buffers[(reuse, "transposed")] = [position[i], position[i], buf[2]]
-                    buf[0] = min(buf[0], position[i])  # (an op the device runs early)
-                    buf[1] = max(buf[1], position[i], loop_end.get(i, -1))
+                            # the gathered buffer, until XLA has copied it into the
+                            # default layout (the copy is the buffer that lives on)
+                            transposed[reuse] = buf[1]
+                    buf[0].append(i)
+                    if i in loop_end:
+                        buf[0].append(loop_end[i])
                     # one collective per checkpoint region: XLA recomputes it in each. One
                     # buffer all the same, from its first use to its last: high where the
                     # recompute's gather is issued late; XLA:CPU issues them early, and they
@@ -654,37 +658,78 @@ class CostModel:
                 comm_bytes += m * nbytes
                 if detail:
                     colls.append(Collective(kind, axes, int(nbytes), _source(op), m))
+            rlevel = max(map(reduced_of, operands)) if most_reduced and operands else 0
             if c.partial is not None and op.outputs:
                 kind, axes, nbytes = c.partial
-                partials.append((position[i], (kind, axes, level, m), nbytes, op.outputs[0]))
+                partials.append((i, (kind, axes, rlevel, m), nbytes, op.outputs[0]))
+                most_reduced = max(most_reduced, rlevel + 1)
+                for v in op.outputs:
+                    reduced[v] = rlevel + 1
+            elif rlevel:
+                for v in op.outputs:
+                    reduced[v] = rlevel
             if after or level:
                 deepest = max(deepest, level + after)
                 for v in op.outputs:
                     depth[v] = level + after
         lb = self.local_bytes(state)
-        end = self.liveness.end
+        lv, ready = self._scheduled(partials)
+        position, end = lv.position, lv.end
+        spans = {
+            key: [int(position[ops].min()), int(position[ops].max()), b]
+            for key, (ops, b) in buffers.items()
+        }
         for reuse, v in returned:  # the resharded state replaces its output to the end
-            start = buffers[reuse][0]
-            buffers[reuse][1] = end
+            start = spans[reuse][0]
+            spans[reuse][1] = end
             if start < end:  # the output as computed is freed once resharded
-                buffers[(reuse, "freed")] = [start + 1, end, -lb[v]]
-        extra = [tuple(b) for b in buffers.values()]
-        extra += [(*self._stack_span[s], lb[s]) for s in copied]
-        extra += self._unreduced(partials, lb)
-        return compute, comm, flops_total, hbm, by_kind, colls, comm_bytes, lb, extra
+                spans[(reuse, "freed")] = [start + 1, end, -lb[v]]
+        extra = [tuple(b) for b in spans.values()]
+        extra += [(spans[key][0], spans[key][0], b) for key, b in transposed.items()]
+        for s in copied:
+            first, last = position[list(self._stack_span[s])]
+            extra.append((min(first, last), max(first, last), lb[s]))
+        extra += self._unreduced(partials, ready, position, lb)
+        return compute, comm, flops_total, hbm, by_kind, colls, comm_bytes, lb, extra, lv
 
-    def _unreduced(self, partials, lb: np.ndarray) -> list[tuple[int, int, float]]:
+    def _scheduled(self, partials) -> tuple[liveness.Liveness, dict[tuple, int]]:
+        """The liveness of a state whose partial sums are `partials` ((op, group, bytes,
+        value)), and the position each group's combined reduction runs at: on a device whose
+        schedule follows the dependences, the reduction is one instruction that waits for the
+        whole group and that the readers of its results wait for (memoised per grouping)."""
+        if self.liveness.graph is None:  # program order: nothing moves
+            return self.liveness, {}
+        members: dict[tuple, list[int]] = {}
+        for _, group, _, v in partials:
+            members.setdefault(group, []).append(v)
+        key = tuple(tuple(vs) for vs in members.values())
+        found = self._schedules.get(key)
+        if found is None:
+            if len(self._schedules) > 256:
+                self._schedules.clear()
+            found = self._schedules[key] = liveness.rescheduled(
+                self.program, self._operands, self.liveness, list(members.values())
+            )
+        lv, places = found
+        return lv, {group: at for group, at in zip(members, places) if at is not None}
+
+    def _unreduced(
+        self, partials, ready: dict[tuple, int], position: np.ndarray, lb: np.ndarray
+    ) -> list[tuple[int, int, float]]:
         """Buffers of partial sums: each lives until the reduction of its group runs (XLA's
-        combiners fuse reductions that do not depend on each other into one, after the last
-        of them is ready), and its reduced result only from then on. Where the device
-        scatters whole (Device docs), a reduce-scatter's result is whole at the reduction."""
-        ready: dict[tuple, int] = {}
-        for at, group, _, _ in partials:
-            ready[group] = max(ready.get(group, at), at)
+        combiners fuse reductions that do not depend on each other into one: at `ready`, else
+        after the last of them is ready), and its reduced result only from then on. Where
+        the device scatters whole (Device docs), a reduce-scatter's result is whole at the
+        reduction."""
+        ready = dict(ready)
+        placed = set(ready)
+        for i, group, _, _ in partials:
+            if group not in placed:
+                ready[group] = max(ready.get(group, 0), int(position[i]))
         extra = []
         whole = self.device.scatters_whole
-        for at, group, nbytes, v in partials:
-            until = ready[group]
+        for i, group, nbytes, v in partials:
+            at, until = int(position[i]), ready[group]
             extra.append((at, until, nbytes))
             if whole and group[0] == "reduce-scatter":
                 extra.append((until, until, nbytes))
@@ -696,12 +741,12 @@ class CostModel:
 def _loop_slices(
     prog: Program, lv: liveness.Liveness
 ) -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
-    """({slice: stack}, {stack: (start, end)}): the values a loop body reads as one layer of a
-    stacked input (the slice, and its converts and transposes there), and per stack the span
-    from the first loop that slices it to the end of the last."""
+    """({slice: stack}, {stack: (first op, last op)}): the values a loop body reads as one
+    layer of a stacked input (the slice, and its converts and transposes there), and per stack
+    the ops from the first loop that slices it to the end of the last."""
     stack_of: dict[int, int] = {}
     span: dict[int, tuple[int, int]] = {}
-    extent = lv.loop_extent
+    extent = liveness.loop_extents(prog)
     for i, op in enumerate(prog.ops):
         if op.primitive != "_link" or op.params["kind"] != "xs" or not lv.live_ops[i]:
             continue

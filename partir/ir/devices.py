@@ -36,9 +36,11 @@ class Device:
     # The device runs a reduce-scatter as an all-reduce and a slice (XLA:CPU): the combined
     # reduction's results are whole arrays, all live at once beside the partial sums.
     scatters_whole: bool = False
-    # The device's schedule runs the copies made of the arguments (a convolution's kernel
-    # transposed for its backward) before anything else (XLA:CPU; liveness.early_positions).
-    schedules_early: bool = False
+    # The device's schedule runs each kernel as soon as the kernels it reads have run,
+    # breadth first (XLA:CPU's default scheduler; liveness.breadth_first_positions): a
+    # checkpoint region's recompute then runs in the forward pass. TPU and GPU schedules
+    # keep program order as far as the model goes.
+    schedules_breadth_first: bool = False
 
     def axis_bandwidths(self, mesh: Mapping[str, int]) -> dict[str, float]:
         """Bandwidth of each mesh axis. Axes are laid out major first, so the last axes
@@ -93,7 +95,7 @@ CATALOG: dict[str, Device] = {
             5e-6,
             gathers_major_most=True,
             scatters_whole=True,
-            schedules_early=True,
+            schedules_breadth_first=True,
         ),
     ]
 }

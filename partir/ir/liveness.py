@@ -16,6 +16,8 @@ XLA never stores every value of a program. What it does, and what this module mo
   XLA:CPU's library calls need).
 - Loops: a loop's stacked inputs and constants live until the body's last use of them; its
   stacked outputs (a scan's residuals) live from the iteration that first writes them.
+- Order: ops run in program order, or, on a device that schedules breadth first (XLA:CPU),
+  in the order of `partir.ir.schedule.KernelGraph`; positions below are places in that order.
 
 The state-dependent half (resharded operands, partial sums waiting for their combined
 reduction) is added by `CostModel.cost` as extra intervals; `peak` takes both.
@@ -31,6 +33,7 @@ import numpy as np
 
 from partir.ir.program import Program
 from partir.ir.rules import POINTWISE
+from partir.ir.schedule import KernelGraph
 
 LAYOUT = frozenset(
     (
@@ -137,8 +140,12 @@ class Liveness:
     free: set[int]
     fused: set[int]
     in_place: set[int]
-    loop_extent: dict[int, tuple[int, int]]  # see loop_extents
+    loop_extent: dict[int, tuple[int, int]]  # see loop_extents, in positions
     end: int
+    readers: list[list[int]]  # per value, the live ops that read it
+    donated: set  # the paths of the inputs whose buffers the outputs may reuse
+    fused_ops: list[int]  # the ops fused into their readers, latest first
+    graph: KernelGraph | None  # the device's schedule (None: program order)
 
 
 def analyse(
@@ -146,11 +153,11 @@ def analyse(
     operands: Sequence[Sequence[int]],
     *,
     donate: bool,
-    schedules_early: bool = False,
+    breadth_first: bool = False,
 ) -> Liveness:
     """The liveness of `program`'s values; `operands`: per op, the value ids it reads. With
-    `schedules_early`, the ops that XLA:CPU runs as soon as their operands are ready run
-    there (`early_positions`)."""
+    `breadth_first`, the kernels run in the order of XLA:CPU's schedule (`KernelGraph`);
+    else in program order."""
     ops, values = program.ops, program.values
     n, end = len(values), len(ops)
     free = free_values(program)
@@ -175,12 +182,8 @@ def analyse(
                 readers[v].append(i)
 
     # fusion, backwards: an op whose one result is fused runs where its reader runs
-    position = (
-        early_positions(program, operands, live_ops)
-        if schedules_early
-        else np.arange(end, dtype=np.int64)
-    )
     fused: set[int] = set()
+    fused_ops: list[int] = []  # latest first
     for i in range(end - 1, -1, -1):
         op = ops[i]
         if len(op.outputs) != 1 or op.primitive not in FUSIBLE:
@@ -193,65 +196,78 @@ def analyse(
             ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity for r in rs
         ):
             fused.add(v)
-            position[i] = max(position[r] for r in rs)
+            fused_ops.append(i)
+    graph = KernelGraph(program, operands, live_ops, fused | free) if breadth_first else None
+    position = graph.positions()[0] if graph else np.arange(end, dtype=np.int64)
 
     stored = live.copy()
     stored[list(free | fused)] = False
     stored |= is_input
 
-    birth, death = _ranges(program, operands, live_ops, position, end)
-    donated = set(program.carried.values()) if donate else set()
-    for path, v in program.inputs.items():
-        birth[v] = 0
-        if path not in donated:
-            death[v] = end
-    death[is_output] = end
-    extent = loop_extents(program)
-    _extend_over_loops(program, extent, birth, death)
-    birth = np.maximum(birth, 0)
-    death = np.maximum(death, birth)
-    return Liveness(
+    lv = Liveness(
         stored,
-        birth,
-        death,
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
         live_ops,
         position,
         free,
         fused,
         _read_in_place(program),
-        extent,
+        {},
         end,
+        readers,
+        set(program.carried.values()) if donate else set(),
+        fused_ops,
+        graph,
     )
+    _place_fused(program, lv, position)
+    return _with_ranges(program, operands, lv, position)
 
 
-# layout ops whose result XLA writes as a new buffer (a reshape is a bitcast)
-_COPIES = frozenset(("transpose", "rev", "convert_element_type", "copy", "copy_p"))
+def rescheduled(
+    program: Program,
+    operands: Sequence[Sequence[int]],
+    lv: Liveness,
+    reductions: Sequence[Sequence[int]],
+) -> tuple[Liveness, list[int | None]]:
+    """`lv` rescheduled around the combined reductions of partial sums (groups of values,
+    see `KernelGraph.positions`), and the position of each; `lv` itself (positions None)
+    where its device keeps program order."""
+    if lv.graph is None:
+        return lv, [None] * len(reductions)
+    position, places = lv.graph.positions(reductions)
+    _place_fused(program, lv, position)
+    # the reductions take places of their own: the schedule may outgrow the op count
+    last = max([int(position.max(initial=0)), *(p for p in places if p is not None)])
+    if last >= lv.end:
+        lv = dataclasses.replace(lv, end=last + 1)
+    return _with_ranges(program, operands, lv, position), places
 
 
-def early_positions(
-    program: Program, operands: Sequence[Sequence[int]], live_ops: np.ndarray
-) -> np.ndarray:
-    """Per op, the position XLA:CPU's schedule runs it at: its own, except for copies made
-    of the arguments alone, outside loops (a convolution's kernel transposed and reversed for
-    its backward: in a U-Net's step, 20 of them held a third of XLA's peak), which it runs
-    before anything else, their operands being ready from the start.
+def _place_fused(program: Program, lv: Liveness, position: np.ndarray) -> None:
+    """A fused op runs where the last of its readers does (readers first: latest op first)."""
+    for i in lv.fused_ops:
+        position[i] = max(position[r] for r in lv.readers[program.ops[i].outputs[0]])
 
-    Not modelled: XLA:CPU keeps the schedule that its list, DFS and post-order schedulers
-    give the lowest peak. On an unrolled Llama cut by Megatron (2 x 4) that schedule runs
-    each layer's recompute beside its forward pass, and its buffers live to the backward
-    (XLA's peak 1.7x the model's); on the same Llama data-parallel, and on a
-    rematerialised MLP, it does not."""
-    position = np.arange(len(program.ops), dtype=np.int64)
-    # a loop body or branch reads its outer values through links, never an argument itself
-    of_arguments = set(program.inputs.values())
-    for i, op in enumerate(program.ops):
-        if not live_ops[i] or op.primitive not in LAYOUT:
-            continue
-        if operands[i] and of_arguments.issuperset(operands[i]):
-            of_arguments.update(op.outputs)
-            if op.primitive in _COPIES:
-                position[i] = 0
-    return position
+
+def _with_ranges(
+    program: Program, operands: Sequence[Sequence[int]], lv: Liveness, position: np.ndarray
+) -> Liveness:
+    """`lv` with its ops at `position` and each value's live range from there."""
+    end = lv.end
+    birth, death = _ranges(program, operands, lv.live_ops, position, end)
+    for path, v in program.inputs.items():
+        birth[v] = 0
+        if path not in lv.donated:
+            death[v] = end
+    death[list(program.outputs.values())] = end
+    extent = {
+        i: (int(position[f]), int(position[la])) for i, (f, la) in loop_extents(program).items()
+    }
+    _extend_over_loops(program, extent, birth, death)
+    birth = np.maximum(birth, 0)
+    death = np.maximum(death, birth)
+    return dataclasses.replace(lv, birth=birth, death=death, position=position, loop_extent=extent)
 
 
 def _read_in_place(program: Program) -> set[int]:
@@ -270,7 +286,7 @@ def _ranges(program, operands, live_ops, position, end) -> tuple[np.ndarray, np.
     """Each value from the kernel that makes it (values only read: from their first reader)
     to its last reader, in kernel positions."""
     n = len(program.values)
-    ops = [i for i in range(end) if live_ops[i]]
+    ops = [i for i in range(len(program.ops)) if live_ops[i]]
     reads = [operands[i] for i in ops]
     made = [program.ops[i].outputs for i in ops]
     pos = position[ops] if ops else np.zeros(0, dtype=np.int64)
