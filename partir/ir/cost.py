@@ -199,7 +199,12 @@ class CostModel:
         self._operands = propagator.operands
         prog = self.program
         self.liveness = liveness.analyse(
-            prog, self._operands, donate=donate, breadth_first=device.schedules_breadth_first
+            prog,
+            self._operands,
+            donate=donate,
+            breadth_first=device.schedules_breadth_first,
+            reductions_fuse_broadcasts=device.reductions_fuse_broadcasts,
+            convs_need_layout=device.convs_need_layout,
         )
         self.free = self.liveness.free
         self._stored = self.liveness.stored.tolist()
@@ -690,6 +695,10 @@ class CostModel:
             first, last = position[list(self._stack_span[s])]
             extra.append((min(first, last), max(first, last), lb[s]))
         extra += self._unreduced(partials, ready, position, lb)
+        for i, u in lv.layout_copies:  # made as soon as the operand is, read by the conv
+            start = lv.birth[u] if self._stored[u] else position[i]
+            nbytes = local_size(self.prop.shapes[u], state.shardings.get(u, ()), self.mesh)
+            extra.append((int(start), int(position[i]), nbytes * self._itemsize[u]))
         return compute, comm, flops_total, hbm, by_kind, colls, comm_bytes, lb, extra, lv
 
     def _scheduled(self, partials) -> tuple[liveness.Liveness, dict[tuple, int]]:

@@ -41,6 +41,13 @@ class Device:
     # checkpoint region's recompute then runs in the forward pass. TPU and GPU schedules
     # keep program order as far as the model goes.
     schedules_breadth_first: bool = False
+    # The device's reduction kernels take broadcasts of computed values in (XLA:CPU's do not:
+    # the `x - mean` of a norm is a buffer of its own there).
+    reductions_fuse_broadcasts: bool = True
+    # The device's convolutions read their operands in one layout (XLA:CPU: batch, spatial,
+    # feature; kernels spatial, in, out): an operand cut otherwise is copied first, as soon
+    # as it is made (the activations a kernel gradient reads, copied in the forward pass).
+    convs_need_layout: bool = False
 
     def axis_bandwidths(self, mesh: Mapping[str, int]) -> dict[str, float]:
         """Bandwidth of each mesh axis. Axes are laid out major first, so the last axes
@@ -96,6 +103,8 @@ CATALOG: dict[str, Device] = {
             gathers_major_most=True,
             scatters_whole=True,
             schedules_breadth_first=True,
+            reductions_fuse_broadcasts=False,
+            convs_need_layout=True,
         ),
     ]
 }

@@ -67,6 +67,7 @@ FUSES_INPUTS = FUSIBLE | frozenset(
         "argmin",
     )
 )
+REDUCTIONS = FUSES_INPUTS - FUSIBLE
 # pointwise ops XLA does not duplicate into several readers (transcendentals, division)
 EXPENSIVE = frozenset(
     (
@@ -143,6 +144,7 @@ class Liveness:
     loop_extent: dict[int, tuple[int, int]]  # see loop_extents, in positions
     end: int
     readers: list[list[int]]  # per value, the live ops that read it
+    layout_copies: list[tuple[int, int]]  # (convolution, operand) it reads a copy of
     donated: set  # the paths of the inputs whose buffers the outputs may reuse
     fused_ops: list[int]  # the ops fused into their readers, latest first
     graph: KernelGraph | None  # the device's schedule (None: program order)
@@ -154,10 +156,16 @@ def analyse(
     *,
     donate: bool,
     breadth_first: bool = False,
+    reductions_fuse_broadcasts: bool = True,
+    convs_need_layout: bool = False,
 ) -> Liveness:
     """The liveness of `program`'s values; `operands`: per op, the value ids it reads. With
     `breadth_first`, the kernels run in the order of XLA:CPU's schedule (`KernelGraph`);
-    else in program order."""
+    else in program order. Without `reductions_fuse_broadcasts`, a pointwise op that reads a
+    broadcast of a computed value is not fused into a reduction (`x - mean` before a variance
+    is a buffer: XLA:CPU's reduction kernels take no broadcast in). With `convs_need_layout`,
+    a convolution that reads an operand in another layout than its own reads a copy
+    (`layout_copies`), and the operand lives only as long as its other readers need it."""
     ops, values = program.ops, program.values
     n, end = len(values), len(ops)
     free = free_values(program)
@@ -184,19 +192,27 @@ def analyse(
     # fusion, backwards: an op whose one result is fused runs where its reader runs
     fused: set[int] = set()
     fused_ops: list[int] = []  # latest first
+    into_reduction = np.zeros(end, dtype=bool)  # the op runs in a reduction's kernel
     for i in range(end - 1, -1, -1):
         op = ops[i]
+        if op.primitive in REDUCTIONS:
+            into_reduction[i] = True
         if len(op.outputs) != 1 or op.primitive not in FUSIBLE:
             continue
         (v,) = op.outputs
         rs = readers[v]
         if v in free or is_output[v] or not rs or len(rs) > 1 and op.primitive in EXPENSIVE:
             continue
-        if all(
+        if not all(
             ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity for r in rs
         ):
-            fused.add(v)
-            fused_ops.append(i)
+            continue
+        reduced = any(into_reduction[r] for r in rs)
+        if reduced and not reductions_fuse_broadcasts and _reads_a_broadcast(program, op, free):
+            continue
+        fused.add(v)
+        fused_ops.append(i)
+        into_reduction[i] = reduced
     graph = KernelGraph(program, operands, live_ops, fused | free) if breadth_first else None
     position = graph.positions()[0] if graph else np.arange(end, dtype=np.int64)
 
@@ -216,6 +232,7 @@ def analyse(
         {},
         end,
         readers,
+        _layout_copies(program, live_ops) if convs_need_layout else [],
         set(program.carried.values()) if donate else set(),
         fused_ops,
         graph,
@@ -256,6 +273,9 @@ def _with_ranges(
     """`lv` with its ops at `position` and each value's live range from there."""
     end = lv.end
     birth, death = _ranges(program, operands, lv.live_ops, position, end)
+    for i, u in lv.layout_copies:  # the convolution reads the copy, not `u`
+        others = [position[r] for r in lv.readers[u] if r != i]
+        death[u] = max([birth[u], *others])
     for path, v in program.inputs.items():
         birth[v] = 0
         if path not in lv.donated:
@@ -268,6 +288,49 @@ def _with_ranges(
     birth = np.maximum(birth, 0)
     death = np.maximum(death, birth)
     return dataclasses.replace(lv, birth=birth, death=death, position=position, loop_extent=extent)
+
+
+# dims of an operand in the order XLA:CPU's convolutions read them, major to minor, as
+# places in the lhs (batch, feature, spatial...) and rhs (out, in, spatial...) specs
+_CONV_LHS_ORDER = lambda rank: (0, *range(2, rank), 1)  # noqa: E731 (batch, spatial, feature)
+_CONV_RHS_ORDER = lambda rank: (*range(2, rank), 1, 0)  # noqa: E731 (spatial, in, out)
+
+
+def _layout_copies(prog: Program, live_ops: np.ndarray) -> list[tuple[int, int]]:
+    """(convolution, operand) pairs where the operand's dims are not in the order the
+    device's convolution reads them (the kernel-gradient convolution of a backward pass reads
+    the activations with batch and feature swapped), so XLA copies it into that layout first.
+    An operand made by a copy of its own (a transposed or reversed kernel) is made in that
+    layout."""
+    pairs = []
+    for i, op in enumerate(prog.ops):
+        if op.primitive != "conv_general_dilated" or not live_ops[i]:
+            continue
+        dn = op.params["dimension_numbers"]
+        for u, spec, order in (
+            (op.inputs[0], dn.lhs_spec, _CONV_LHS_ORDER),
+            (op.inputs[1], dn.rhs_spec, _CONV_RHS_ORDER),
+        ):
+            if u is None:
+                continue
+            wanted = [spec[k] for k in order(len(spec))]
+            made = prog.producer[u]
+            if wanted != sorted(wanted) and (
+                made is None or prog.ops[made].primitive not in ("transpose", "rev")
+            ):
+                pairs.append((i, u))
+    return pairs
+
+
+def _reads_a_broadcast(program: Program, op, free: set[int]) -> bool:
+    """Whether `op` reads a computed value broadcast to a larger shape (not a constant's)."""
+    for v in op.inputs:
+        if v is None or v in free:
+            continue
+        i = program.producer[v]
+        if i is not None and program.ops[i].primitive == "broadcast_in_dim":
+            return True
+    return False
 
 
 def _read_in_place(program: Program) -> set[int]:
