@@ -290,10 +290,13 @@ def _with_ranges(
     return dataclasses.replace(lv, birth=birth, death=death, position=position, loop_extent=extent)
 
 
-# dims of an operand in the order XLA:CPU's convolutions read them, major to minor, as
-# places in the lhs (batch, feature, spatial...) and rhs (out, in, spatial...) specs
-_CONV_LHS_ORDER = lambda rank: (0, *range(2, rank), 1)  # noqa: E731 (batch, spatial, feature)
-_CONV_RHS_ORDER = lambda rank: (*range(2, rank), 1, 0)  # noqa: E731 (spatial, in, out)
+def _in_conv_layout(spec: Sequence[int], kernel: bool) -> bool:
+    """Whether an operand whose dims a convolution names by `spec` (lhs: batch, feature,
+    spatial...; rhs: out, in, spatial...) is in the order XLA:CPU's convolutions read, major
+    to minor: batch, spatial, feature for activations; spatial, in, out for kernels."""
+    spatial = list(spec[2:])
+    order = [*spatial, spec[1], spec[0]] if kernel else [spec[0], *spatial, spec[1]]
+    return order == sorted(order)
 
 
 def _layout_copies(prog: Program, live_ops: np.ndarray) -> list[tuple[int, int]]:
@@ -307,15 +310,14 @@ def _layout_copies(prog: Program, live_ops: np.ndarray) -> list[tuple[int, int]]
         if op.primitive != "conv_general_dilated" or not live_ops[i]:
             continue
         dn = op.params["dimension_numbers"]
-        for u, spec, order in (
-            (op.inputs[0], dn.lhs_spec, _CONV_LHS_ORDER),
-            (op.inputs[1], dn.rhs_spec, _CONV_RHS_ORDER),
+        for u, spec, kernel in (
+            (op.inputs[0], dn.lhs_spec, False),
+            (op.inputs[1], dn.rhs_spec, True),
         ):
             if u is None:
                 continue
-            wanted = [spec[k] for k in order(len(spec))]
             made = prog.producer[u]
-            if wanted != sorted(wanted) and (
+            if not _in_conv_layout(spec, kernel) and (
                 made is None or prog.ops[made].primitive not in ("transpose", "rev")
             ):
                 pairs.append((i, u))
@@ -380,7 +382,7 @@ def _extend_over_loops(
             continue
         src, dst = op.inputs
         kind = op.params["kind"]
-        first, last = extent.get(i, (i, -1))
+        first, last = extent.get(i, (-1, -1))  # (every ys link has its loop)
         if kind in _READ_IN_BODY:
             death[src] = max(death[src], death[dst], last)
         elif kind == "ys" and birth[dst] >= 0:  # src: the stacked result, dst: one iteration's
