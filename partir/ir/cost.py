@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from partir.ir.program import Program
 from partir.ir.propagate import Axes, Propagator, Sharding, State, join_axes, split_axes
 from partir.ir.resharding import local_size, reshard
 from partir.ir.rules import Kind
+from partir.ir.schedule import checkpoint_operands
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # how tables abbreviate the kinds
@@ -198,15 +199,27 @@ class CostModel:
         self._ways: dict[Sharding, int] = {}  # see _ways_of
         self._operands = propagator.operands
         prog = self.program
+        barriers = device.schedules_breadth_first and not device.merges_recompute()
         self.liveness = liveness.analyse(
             prog,
             self._operands,
             donate=donate,
             breadth_first=device.schedules_breadth_first,
+            checkpoint_barriers=barriers,
             reductions_fuse_broadcasts=device.reductions_fuse_broadcasts,
             convs_need_layout=device.convs_need_layout,
         )
         self.free = self.liveness.free
+        # what each op's results wait for, for the chains XLA's combiners look at: its
+        # operands, and in a checkpoint region whose barrier XLA keeps, all the region's
+        # operands
+        self._waits_for: list[Sequence[int]] = list(self._operands)
+        if barriers:
+            region_operands = checkpoint_operands(prog, self._operands, self.liveness.live_ops)
+            for i, op in enumerate(prog.ops):
+                if op.region in region_operands:
+                    both = [*self._operands[i], *region_operands[op.region]]
+                    self._waits_for[i] = tuple(dict.fromkeys(both))
         self._stored = self.liveness.stored.tolist()
         self._live_ops = self.liveness.live_ops.tolist()
         self.is_input = np.zeros(len(prog.values), dtype=bool)
@@ -614,7 +627,7 @@ class CostModel:
         transposed: dict[tuple, float] = {}  # reshard key -> bytes of its gathered layout
         stack_of, copied = self._stack_of, set()  # layer stacks whose slices are gathered
         loop_end = self._loop_end
-        for i, (op, operands) in enumerate(zip(self.program.ops, self._operands)):
+        for i, (op, waits) in enumerate(zip(self.program.ops, self._waits_for)):
             if not live_ops[i]:
                 continue
             c = templates.get((kinds[i], tuple(map(sharding_of, all_vids[i]))))
@@ -625,7 +638,7 @@ class CostModel:
                 compute += m * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
                 flops_total += m * c.flops
                 hbm += m * c.bytes
-            level = max(map(depth_of, operands)) if deepest and operands else 0
+            level = max(map(depth_of, waits)) if deepest and waits else 0
             after = False  # the op's results wait for a collective (its own or a reused one)
             for kind, axes, nbytes, reuse in c.collectives:
                 after = True
@@ -663,7 +676,7 @@ class CostModel:
                 comm_bytes += m * nbytes
                 if detail:
                     colls.append(Collective(kind, axes, int(nbytes), _source(op), m))
-            rlevel = max(map(reduced_of, operands)) if most_reduced and operands else 0
+            rlevel = max(map(reduced_of, waits)) if most_reduced and waits else 0
             if c.partial is not None and op.outputs:
                 kind, axes, nbytes = c.partial
                 partials.append((i, (kind, axes, rlevel, m), nbytes, op.outputs[0]))

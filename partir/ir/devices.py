@@ -37,10 +37,14 @@ class Device:
     # reduction's results are whole arrays, all live at once beside the partial sums.
     scatters_whole: bool = False
     # The device's schedule runs each kernel as soon as the kernels it reads have run,
-    # breadth first (XLA:CPU's default scheduler; liveness.breadth_first_positions): a
-    # checkpoint region's recompute then runs in the forward pass. TPU and GPU schedules
-    # keep program order as far as the model goes.
+    # breadth first (XLA:CPU's default scheduler; partir.ir.schedule.KernelGraph). TPU and
+    # GPU schedules keep program order as far as the model goes.
     schedules_breadth_first: bool = False
+    # The device's compiler merges a checkpoint region's recompute with the forward pass
+    # (drops the optimization barrier JAX puts on the region's backward operands): the step
+    # allocates as if nothing were rematerialised. Else the recompute waits for the
+    # cotangent. None: as the installed XLA:CPU does (`merges_recompute`).
+    merges_recompute_by_cse: bool | None = False
     # The device's reduction kernels take broadcasts of computed values in (XLA:CPU's do not:
     # the `x - mean` of a norm is a buffer of its own there).
     reductions_fuse_broadcasts: bool = True
@@ -48,6 +52,14 @@ class Device:
     # feature; kernels spatial, in, out): an operand cut otherwise is copied first, as soon
     # as it is made (the activations a kernel gradient reads, copied in the forward pass).
     convs_need_layout: bool = False
+
+    def merges_recompute(self) -> bool:
+        """Whether checkpoint regions' recompute is merged with the forward pass."""
+        if self.merges_recompute_by_cse is None:
+            from partir.ir.xla.remat import cpu_merges_recompute
+
+            return cpu_merges_recompute()
+        return self.merges_recompute_by_cse
 
     def axis_bandwidths(self, mesh: Mapping[str, int]) -> dict[str, float]:
         """Bandwidth of each mesh axis. Axes are laid out major first, so the last axes
@@ -103,6 +115,7 @@ CATALOG: dict[str, Device] = {
             gathers_major_most=True,
             scatters_whole=True,
             schedules_breadth_first=True,
+            merges_recompute_by_cse=None,  # jaxlib 0.10 merges, 0.12 keeps the recompute
             reductions_fuse_broadcasts=False,
             convs_need_layout=True,
         ),

@@ -33,7 +33,7 @@ import numpy as np
 
 from partir.ir.program import Program
 from partir.ir.rules import POINTWISE
-from partir.ir.schedule import KernelGraph
+from partir.ir.schedule import KernelGraph, checkpoint_operands
 
 LAYOUT = frozenset(
     (
@@ -156,12 +156,14 @@ def analyse(
     *,
     donate: bool,
     breadth_first: bool = False,
+    checkpoint_barriers: bool = False,
     reductions_fuse_broadcasts: bool = True,
     convs_need_layout: bool = False,
 ) -> Liveness:
     """The liveness of `program`'s values; `operands`: per op, the value ids it reads. With
     `breadth_first`, the kernels run in the order of XLA:CPU's schedule (`KernelGraph`);
-    else in program order. Without `reductions_fuse_broadcasts`, a pointwise op that reads a
+    else in program order; with `checkpoint_barriers` too, a checkpoint region's kernels
+    wait for all its operands, which are buffers (XLA keeps the barrier on them). Without `reductions_fuse_broadcasts`, a pointwise op that reads a
     broadcast of a computed value is not fused into a reduction (`x - mean` before a variance
     is a buffer: XLA:CPU's reduction kernels take no broadcast in). With `convs_need_layout`,
     a convolution that reads an operand in another layout than its own reads a copy
@@ -189,7 +191,11 @@ def analyse(
             for v in dict.fromkeys(ins):
                 readers[v].append(i)
 
-    # fusion, backwards: an op whose one result is fused runs where its reader runs
+    # fusion, backwards: an op whose one result is fused runs where its reader runs; the
+    # operands of a kept optimization barrier are buffers of their own
+    barred: set[int] = set()
+    if checkpoint_barriers:
+        barred = set().union(*checkpoint_operands(program, operands, live_ops).values())
     fused: set[int] = set()
     fused_ops: list[int] = []  # latest first
     into_reduction = np.zeros(end, dtype=bool)  # the op runs in a reduction's kernel
@@ -201,7 +207,9 @@ def analyse(
             continue
         (v,) = op.outputs
         rs = readers[v]
-        if v in free or is_output[v] or not rs or len(rs) > 1 and op.primitive in EXPENSIVE:
+        if v in free or v in barred or is_output[v] or not rs:
+            continue
+        if len(rs) > 1 and op.primitive in EXPENSIVE:
             continue
         if not all(
             ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity for r in rs
@@ -213,7 +221,11 @@ def analyse(
         fused.add(v)
         fused_ops.append(i)
         into_reduction[i] = reduced
-    graph = KernelGraph(program, operands, live_ops, fused | free) if breadth_first else None
+    graph = (
+        KernelGraph(program, operands, live_ops, fused | free, checkpoint_barriers)
+        if breadth_first
+        else None
+    )
     position = graph.positions()[0] if graph else np.arange(end, dtype=np.int64)
 
     stored = live.copy()

@@ -3,9 +3,11 @@
 XLA:CPU's default scheduler (its concurrency-optimised one) runs each instruction as soon as
 the instructions it reads have run, first ready first run. Against program order that runs a
 checkpoint region's recompute beside the forward pass (its results then live to the
-backward), the copies of the arguments first, and the updates of an optimizer as soon as
+backward) unless the region keeps its optimization barrier, the copies of the arguments first, and the updates of an optimizer as soon as
 their gradients are reduced. A combined reduction of partial sums is one instruction that
-waits for all of them; the readers of its results wait for it.
+waits for all of them; the readers of its results wait for it. A checkpoint region whose
+barrier XLA keeps runs no kernel before all the region's operands exist (its cotangents
+among them), so its recompute runs in the backward pass.
 
 The graph is the program's after fusion: a fused op is part of the kernel that reads it,
 a value made of constants alone is made by no kernel, and a loop is one kernel of its
@@ -31,9 +33,11 @@ class KernelGraph:
         operands: Sequence[Sequence[int]],
         live_ops: np.ndarray,
         unmade: set[int],
+        barriers: bool = False,
     ) -> None:
         """`unmade`: the values no kernel makes (free ones, and those fused into their
-        readers); a kernel that reads one waits for what that value is made of."""
+        readers); a kernel that reads one waits for what that value is made of. With
+        `barriers`, each kernel of a checkpoint region waits for all the region's operands."""
         ops = program.ops
         end = len(ops)
         self.end = end
@@ -47,6 +51,8 @@ class KernelGraph:
         self.maker: dict[int, int] = {}  # value -> the kernel that makes it
         carriers: dict[int, tuple[int, ...]] = {}  # value -> the kernel-made values it needs
         self.waits_on: dict[int, set[int]] = {}  # kernel -> the kernel-made values it reads
+        region_operands = checkpoint_operands(program, operands, live_ops) if barriers else {}
+        barrier: dict[int, set[int]] = {}  # region -> the kernel-made values of its operands
         for i in range(end):
             if not live_ops[i]:
                 continue
@@ -55,6 +61,12 @@ class KernelGraph:
             needs: set[int] = set()
             for v in operands[i]:
                 needs.update(carriers.get(v, ()))
+            if op.region in region_operands:
+                if op.region not in barrier:  # its operands are all made by now
+                    barrier[op.region] = set()
+                    for v in region_operands[op.region]:
+                        barrier[op.region].update(carriers.get(v, ()))
+                needs |= barrier[op.region]
             made = op.outputs if op.primitive != "_link" else operands[i]
             if op.outputs and op.outputs[0] in unmade and n == i:
                 for v in made:
@@ -123,3 +135,30 @@ class KernelGraph:
         if len(order) < len(deps):  # a cycle would be a bug in the graph: keep program order
             return sorted(deps)
         return order
+
+
+def checkpoint_operands(
+    program: Program, operands: Sequence[Sequence[int]], live_ops: np.ndarray
+) -> dict[int, list[int]]:
+    """Per checkpoint region outside loops (a loop keeps its own order), the values its
+    live ops (and those of regions nested in it: a region's ops are contiguous) read that
+    are made before it: what JAX's optimization barrier on the region's operands waits for."""
+    in_loop = np.zeros(len(program.ops), dtype=bool)
+    for first, last in program.loops:
+        in_loop[first : last + 1] = True
+    spans: dict[int, tuple[int, int]] = {}
+    for i, op in enumerate(program.ops):
+        if op.region and live_ops[i] and not in_loop[i]:
+            first, _ = spans.get(op.region, (i, i))
+            spans[op.region] = (first, i)
+    found: dict[int, list[int]] = {}
+    for region, (first, last) in spans.items():
+        made_before = {
+            v
+            for j in range(first, last + 1)
+            if live_ops[j]
+            for v in operands[j]
+            if (p := program.producer[v]) is None or p < first
+        }
+        found[region] = sorted(made_before)
+    return found
