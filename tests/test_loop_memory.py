@@ -264,3 +264,36 @@ def test_a_kernel_gradient_convolution_reads_a_copy_of_the_activations_on_cpu():
     assert plan.cost.peak_memory_bytes == pytest.approx(xla_peak(goal, plan), rel=0.1)
     tpu = Goal(jax.grad(_convs), args, {"data": 8}, device="tpu-v4")
     assert not tpu.cost_model.liveness.layout_copies
+
+
+def _norm_stack(scales, x):
+    for s in scales:
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+        x = jnp.tanh((x - mean) * jax.lax.rsqrt(var + 1e-5) * s)
+    return x.sum()
+
+
+@pytest.mark.parametrize("rows", [32, 256])
+def test_a_norms_centred_values_are_a_buffer_only_where_xla_cpu_reduces_in_a_library(rows):
+    # from 4096 f32 elements XLA:CPU reduces in YNNPACK kernels, which take no broadcast in:
+    # `x - mean` is then a buffer the variance and the backward's reductions read, while its
+    # other readers compute it again; smaller, it is fused everywhere. jnp writes `x - mean`
+    # twice; XLA computes it once (the program merges the two)
+    args = ([S((64,), f32)] * 3, S((rows, 64), f32))
+    goal = Goal(jax.grad(_norm_stack), args, {"model": 8})
+    prog = goal.program
+    subs = [
+        op.outputs[0]
+        for op in prog.ops
+        if op.primitive == "sub"
+        and None not in op.inputs
+        and prog.values[op.inputs[1]].shape[-1] == 1
+    ]
+    assert len(subs) == 3  # one per norm
+    plan = make_plan(goal, {})
+    cm = goal.cost_model
+    assert all(v in cm.liveness.library_read for v in subs)
+    buffers = {bool(cm.local_bytes(plan.state)[v] > 0) for v in subs}
+    text = plan.jit().lower(*goal.args).compile().as_text()
+    assert buffers == {"broadcast_subtract_fusion" in text} == {rows * 64 >= 4096}

@@ -206,7 +206,7 @@ class CostModel:
             donate=donate,
             breadth_first=device.schedules_breadth_first,
             checkpoint_barriers=barriers,
-            reductions_fuse_broadcasts=device.reductions_fuse_broadcasts,
+            library_reductions=device.library_reductions_from is not None,
             convs_need_layout=device.convs_need_layout,
         )
         self.free = self.liveness.free
@@ -228,6 +228,11 @@ class CostModel:
         self.global_bytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         self.global_bytes[~self.liveness.stored] = 0.0
         self.global_bytes[list(self.liveness.in_place)] = 0.0
+        # buffers only where the reductions that read them are library calls (Device docs):
+        # f32 values of at least `library_reductions_from` elements per device
+        read = [v for v in self.liveness.library_read if prog.values[v].dtype == np.float32]
+        self.global_bytes[[v for v in self.liveness.library_read if v not in read]] = 0.0
+        self._library_read = np.array(read, dtype=np.int64)
         self._itemsize = [v.itemsize for v in prog.values]
         self._kinds = self._op_kinds()  # see op_cost
         # links from a carried output to its input: the step returns the state resharded
@@ -263,6 +268,9 @@ class CostModel:
                 dtype=np.float64,
                 count=len(vids),
             )
+        if self._library_read.size and self.device.library_reductions_from:
+            small = lb[self._library_read] < 4 * self.device.library_reductions_from
+            lb[self._library_read[small]] = 0.0
         return lb
 
     def _ways_of(self, s: Sharding) -> int:

@@ -45,9 +45,11 @@ class Device:
     # allocates as if nothing were rematerialised. Else the recompute waits for the
     # cotangent. None: as the installed XLA:CPU does (`merges_recompute`).
     merges_recompute_by_cse: bool | None = False
-    # The device's reduction kernels take broadcasts of computed values in (XLA:CPU's do not:
-    # the `x - mean` of a norm is a buffer of its own there).
-    reductions_fuse_broadcasts: bool = True
+    # From this many f32 elements per device, the device's reductions run as library kernels
+    # that take no broadcast of a computed value in (XLA:CPU: YNNPACK, from 4096): a norm's
+    # `x - mean` is then a buffer the reductions read, while its other readers compute it
+    # again. None: reductions take their producers in at every size.
+    library_reductions_from: int | None = None
     # The device's convolutions read their operands in one layout (XLA:CPU: batch, spatial,
     # feature; kernels spatial, in, out): an operand cut otherwise is copied first, as soon
     # as it is made (the activations a kernel gradient reads, copied in the forward pass).
@@ -116,7 +118,7 @@ CATALOG: dict[str, Device] = {
             scatters_whole=True,
             schedules_breadth_first=True,
             merges_recompute_by_cse=None,  # jaxlib 0.10 merges, 0.12 keeps the recompute
-            reductions_fuse_broadcasts=False,
+            library_reductions_from=4096,
             convs_need_layout=True,
         ),
     ]

@@ -148,6 +148,10 @@ class Liveness:
     donated: set  # the paths of the inputs whose buffers the outputs may reuse
     fused_ops: list[int]  # the ops fused into their readers, latest first
     graph: KernelGraph | None  # the device's schedule (None: program order)
+    # values that read a broadcast, fused into reductions on their own: a buffer where the
+    # reductions run as library kernels (see `library_read`), with the readers that compute
+    # them again then (XLA:CPU duplicates the producer into each kernel that takes it in)
+    library_read: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def analyse(
@@ -157,15 +161,16 @@ def analyse(
     donate: bool,
     breadth_first: bool = False,
     checkpoint_barriers: bool = False,
-    reductions_fuse_broadcasts: bool = True,
+    library_reductions: bool = False,
     convs_need_layout: bool = False,
 ) -> Liveness:
     """The liveness of `program`'s values; `operands`: per op, the value ids it reads. With
     `breadth_first`, the kernels run in the order of XLA:CPU's schedule (`KernelGraph`);
     else in program order; with `checkpoint_barriers` too, a checkpoint region's kernels
-    wait for all its operands, which are buffers (XLA keeps the barrier on them). Without `reductions_fuse_broadcasts`, a pointwise op that reads a
-    broadcast of a computed value is not fused into a reduction (`x - mean` before a variance
-    is a buffer: XLA:CPU's reduction kernels take no broadcast in). With `convs_need_layout`,
+    wait for all its operands, which are buffers (XLA keeps the barrier on them). With `library_reductions`, a
+    pointwise op that reads a broadcast of a computed value and is fused into a reduction is
+    in `library_read` (`x - mean` before a variance: a buffer where the reduction is a library
+    call, see `Device.library_reductions_from`; the cost model decides by its size). With `convs_need_layout`,
     a convolution that reads an operand in another layout than its own reads a copy
     (`layout_copies`), and the operand lives only as long as its other readers need it."""
     ops, values = program.ops, program.values
@@ -198,6 +203,7 @@ def analyse(
         barred = set().union(*checkpoint_operands(program, operands, live_ops).values())
     fused: set[int] = set()
     fused_ops: list[int] = []  # latest first
+    library_read: dict[int, list[int]] = {}  # see Liveness
     into_reduction = np.zeros(end, dtype=bool)  # the op runs in a reduction's kernel
     for i in range(end - 1, -1, -1):
         op = ops[i]
@@ -216,7 +222,8 @@ def analyse(
         ):
             continue
         reduced = any(into_reduction[r] for r in rs)
-        if reduced and not reductions_fuse_broadcasts and _reads_a_broadcast(program, op, free):
+        if reduced and library_reductions and _reads_a_broadcast(program, op, free):
+            library_read[v] = [r for r in rs if not into_reduction[r]]
             continue
         fused.add(v)
         fused_ops.append(i)
@@ -248,6 +255,7 @@ def analyse(
         set(program.carried.values()) if donate else set(),
         fused_ops,
         graph,
+        library_read,
     )
     _place_fused(program, lv, position)
     return _with_ranges(program, operands, lv, position)
@@ -288,6 +296,10 @@ def _with_ranges(
     for i, u in lv.layout_copies:  # the convolution reads the copy, not `u`
         others = [position[r] for r in lv.readers[u] if r != i]
         death[u] = max([birth[u], *others])
+    for v, again in lv.library_read.items():  # a buffer until its last reduction, its
+        # operands (it is computed again, or not a buffer) until its last reader
+        death[v] = max([birth[v], *(position[r] for r in lv.readers[v] if r not in again)])
+        _read_until(program, operands, lv, v, max(position[r] for r in lv.readers[v]), death)
     for path, v in program.inputs.items():
         birth[v] = 0
         if path not in lv.donated:
@@ -300,6 +312,23 @@ def _with_ranges(
     birth = np.maximum(birth, 0)
     death = np.maximum(death, birth)
     return dataclasses.replace(lv, birth=birth, death=death, position=position, loop_extent=extent)
+
+
+def _read_until(
+    program: Program,
+    operands: Sequence[Sequence[int]],
+    lv: Liveness,
+    v: int,
+    at: int,
+    death: np.ndarray,
+) -> None:
+    """The buffers `v` is computed from (through fused values) live until `at` at least."""
+    i = program.producer[v]
+    for u in operands[i] if i is not None else ():
+        if u in lv.fused:
+            _read_until(program, operands, lv, u, at, death)
+        elif lv.stored[u]:
+            death[u] = max(death[u], at)
 
 
 def _in_conv_layout(spec: Sequence[int], kernel: bool) -> bool:
@@ -337,13 +366,18 @@ def _layout_copies(prog: Program, live_ops: np.ndarray) -> list[tuple[int, int]]
 
 
 def _reads_a_broadcast(program: Program, op, free: set[int]) -> bool:
-    """Whether `op` reads a computed value broadcast to a larger shape (not a constant's)."""
+    """Whether `op` reads a computed value broadcast to a larger shape (not a constant's), by
+    a `broadcast_in_dim` or by its own size-1 dims (`x - mean` with `keepdims`)."""
     for v in op.inputs:
         if v is None or v in free:
             continue
         i = program.producer[v]
         if i is not None and program.ops[i].primitive == "broadcast_in_dim":
             return True
+        if i is not None and op.outputs:  # broadcast by the op itself: size-1 dims
+            shape, out = program.values[v].shape, program.values[op.outputs[0]].shape
+            if len(shape) == len(out) and any(a == 1 < b for a, b in zip(shape, out)):
+                return True
     return False
 
 

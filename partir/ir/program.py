@@ -223,6 +223,8 @@ class _Builder(JaxprWalker):
         self.loops: list[tuple[int, int]] = []
         self.regions = 0  # checkpoint regions entered so far
         self.region = 0  # the one the ops now emitted run in
+        self.computed: dict[tuple, list[int]] = {}  # an equation's CSE key -> its outputs
+        self.made_of_literals: set[int] = set()  # values computed from literals alone
 
     def new_value(self, aval: Any) -> int:
         shape = tuple(int(d) for d in getattr(aval, "shape", ()))
@@ -315,8 +317,18 @@ class _Builder(JaxprWalker):
             return self.while_loop(eqn, ins, mult, key, scope)
         if name == "cond":
             return self.cond(eqn, ins, mult, key, scope)
+        # free values (made of literals alone: XLA makes one at each reader, in the sharding
+        # it needs) are never merged
+        literals_only = all(v is None or v in self.made_of_literals for v in ins)
+        same = None if literals_only else _cse_key(eqn, ins, mult, self.region)
+        if same is not None and same in self.computed:
+            return list(self.computed[same])
         outs = [self.new_value(v.aval) for v in eqn.outvars]
+        if literals_only:
+            self.made_of_literals.update(outs)
         self.add_op(name, ins, outs, dict(eqn.params), mult, _source(eqn), scope)
+        if same is not None:
+            self.computed[same] = outs
         return outs
 
     def _bind_inputs(
@@ -409,6 +421,33 @@ def _source(eqn: Any) -> str:
 
 
 _TRANSFORM = re.compile(r"[A-Za-z_][\w.]*\(|\)")
+
+
+_NOT_MERGED = frozenset(("optimization_barrier", "random_seed", "random_bits", "random_wrap"))
+
+
+def _cse_key(eqn: Any, ins: Sequence[int | None], mult: int, region: int) -> tuple | None:
+    """What makes an equation the same computation as an earlier one, as XLA's CSE merges
+    them (`jnp` writes `x - mean` twice in a layer norm; XLA computes it once): its
+    primitive, operands (literals by value), parameters, multiplicity and checkpoint
+    region. None for one that is never merged: effects, unhashable parameters."""
+    if eqn.effects or eqn.primitive.name in _NOT_MERGED:
+        return None
+    operands: list[Any] = []
+    for vid, atom in zip(ins, eqn.invars):
+        if vid is not None:
+            operands.append(vid)
+            continue
+        value = np.asarray(getattr(atom, "val", None))
+        if value.dtype == object:
+            return None
+        operands.append((value.dtype.str, value.shape, value.tobytes()))
+    try:
+        params = tuple(sorted(eqn.params.items()))
+        hash(params)
+    except TypeError:
+        return None
+    return (eqn.primitive.name, tuple(operands), params, mult, region)
 
 
 def _prevents_cse(eqn: Any) -> bool:
