@@ -394,6 +394,17 @@ class CostModel:
                     return gathered
         return keeps or min(cands, key=_choice, default=OpCost(0.0, 0.0, ()))
 
+    def _idle_axes(self, shardings: Sequence[Sharding], scatter: Sequence[str]) -> Axes | None:
+        """The mesh axes no tensor of the op is sharded on, where their devices are a multiple
+        of the scatter axes' (XLA's partitioner computes a reduce-scattered result on a part
+        of them), or None."""
+        used = {a for sh in shardings for axes in sh for a in axes}
+        idle = tuple(a for a in self.mesh if a not in used and self.mesh[a] > 1)
+        want = math.prod(self.mesh[a] for a in scatter)
+        if not idle or math.prod(self.mesh[a] for a in idle) % want:
+            return None
+        return idle
+
     def _run_with(
         self, op, tensors, shardings: list[Sharding], order: list[int], skip: Set[int] = frozenset()
     ) -> OpCost:
@@ -423,6 +434,7 @@ class CostModel:
         by_factor = [axes for f, axes in fa.items() if rule.kinds[f] is Kind.REDUCTION]
         partial = [a for axes in by_factor for a in axes]
         unreduced = None
+        split = 1  # devices that share the op's work (idle axes, see below)
         stored, free = self._stored, self.free
         for t, ((v, dims), s) in enumerate(zip(tensors, shardings)):
             shape = prop.shapes[v]
@@ -436,9 +448,27 @@ class CostModel:
                     nbytes += local_size(shape, want, mesh) * item
             else:
                 cur = want
-                if partial:
+                scatter = [a for a in partial if any(a in axes for axes in s)]
+                idle = (
+                    self._idle_axes(shardings, scatter)
+                    if scatter and op.primitive == "dot_general"
+                    else None
+                )
+                if idle:
+                    # XLA's dot partitioner computes each shard of the result on a part of
+                    # the idle devices (1/n of the FLOPs each), all-reduces it over the
+                    # reduction's axes and permutes it into place
+                    cur = tuple(
+                        c + tuple(a for a in axes if a in scatter and a not in c)
+                        for c, axes in zip(cur, s)
+                    )
+                    size = local_size(shape, cur, mesh) * item
+                    unreduced = ("all-reduce", tuple(partial), size)
+                    colls += [("all-reduce", axes, size, None) for axes in by_factor]
+                    colls.append(("collective-permute", idle, size, None))
+                    split = math.prod(mesh[a] for a in scatter)
+                elif partial:
                     # scatter first, then all-reduce the scattered shard over the rest
-                    scatter = [a for a in partial if any(a in axes for axes in s)]
                     reduce = [a for a in partial if a not in scatter]
                     size = local_size(shape, cur, mesh) * item
                     unreduced = (
@@ -481,7 +511,7 @@ class CostModel:
                 for f in range(len(rule.sizes))
             ]
             if op.primitive == "dot_general":
-                flops = 2.0 * math.prod(local)
+                flops = 2.0 * math.prod(local) / split
             elif op.primitive == "conv_general_dilated":
                 flops = _conv_flops(op, local)
             else:
