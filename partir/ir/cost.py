@@ -451,13 +451,13 @@ class CostModel:
                 scatter = [a for a in partial if any(a in axes for axes in s)]
                 idle = (
                     self._idle_axes(shardings, scatter)
-                    if scatter and op.primitive == "dot_general"
+                    if scatter and op.primitive in ("dot_general", "conv_general_dilated")
                     else None
                 )
                 if idle:
-                    # XLA's dot partitioner computes each shard of the result on a part of
-                    # the idle devices (1/n of the FLOPs each), all-reduces it over the
-                    # reduction's axes and permutes it into place
+                    # XLA's dot and convolution partitioner computes each shard of the
+                    # result on a part of the idle devices (1/n of the FLOPs each),
+                    # all-reduces it over the reduction's axes and permutes it into place
                     cur = tuple(
                         c + tuple(a for a in axes if a in scatter and a not in c)
                         for c, axes in zip(cur, s)
@@ -513,7 +513,7 @@ class CostModel:
             if op.primitive == "dot_general":
                 flops = 2.0 * math.prod(local) / split
             elif op.primitive == "conv_general_dilated":
-                flops = _conv_flops(op, local)
+                flops = _conv_flops(op, local) / split
             else:
                 flops = float(
                     max(
