@@ -269,7 +269,8 @@ class CostModel:
                 count=len(vids),
             )
         if self._library_read.size and self.device.library_reductions_from:
-            small = lb[self._library_read] < 4 * self.device.library_reductions_from
+            f32_bytes = 4 * self.device.library_reductions_from
+            small = lb[self._library_read] < f32_bytes
             lb[self._library_read[small]] = 0.0
         return lb
 

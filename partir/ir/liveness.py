@@ -167,12 +167,13 @@ def analyse(
     """The liveness of `program`'s values; `operands`: per op, the value ids it reads. With
     `breadth_first`, the kernels run in the order of XLA:CPU's schedule (`KernelGraph`);
     else in program order; with `checkpoint_barriers` too, a checkpoint region's kernels
-    wait for all its operands, which are buffers (XLA keeps the barrier on them). With `library_reductions`, a
-    pointwise op that reads a broadcast of a computed value and is fused into a reduction is
-    in `library_read` (`x - mean` before a variance: a buffer where the reduction is a library
-    call, see `Device.library_reductions_from`; the cost model decides by its size). With `convs_need_layout`,
-    a convolution that reads an operand in another layout than its own reads a copy
-    (`layout_copies`), and the operand lives only as long as its other readers need it."""
+    wait for all its operands, which are buffers (XLA keeps the barrier on them). With
+    `library_reductions`, a pointwise op that reads a broadcast of a computed value and is
+    fused into a reduction is in `library_read` (`x - mean` before a variance: a buffer
+    where the reduction is a library call, see `Device.library_reductions_from`; the cost
+    model decides by its size). With `convs_need_layout`, a convolution that reads an
+    operand in another layout than its own reads a copy (`layout_copies`), and the operand
+    lives only as long as its other readers need it."""
     ops, values = program.ops, program.values
     n, end = len(values), len(ops)
     free = free_values(program)

@@ -1,13 +1,14 @@
 """The order XLA:CPU runs a program's kernels in: breadth first over their data dependences.
 
 XLA:CPU's default scheduler (its concurrency-optimised one) runs each instruction as soon as
-the instructions it reads have run, first ready first run. Against program order that runs a
-checkpoint region's recompute beside the forward pass (its results then live to the
-backward) unless the region keeps its optimization barrier, the copies of the arguments first, and the updates of an optimizer as soon as
-their gradients are reduced. A combined reduction of partial sums is one instruction that
-waits for all of them; the readers of its results wait for it. A checkpoint region whose
-barrier XLA keeps runs no kernel before all the region's operands exist (its cotangents
-among them), so its recompute runs in the backward pass.
+the instructions it reads have run, first ready first run. Against program order that runs
+the copies of the arguments first, the updates of an optimizer as soon as their gradients
+are reduced, and, where XLA merged a checkpoint region's recompute with the forward pass
+(jaxlib 0.10), the recompute beside the forward pass (its results then live to the
+backward). A checkpoint region whose optimization barrier XLA keeps (jaxlib 0.12) runs no
+kernel before all the region's operands exist (its cotangents among them), so its
+recompute runs in the backward pass. A combined reduction of partial sums is one
+instruction that waits for all of them; the readers of its results wait for it.
 
 The graph is the program's after fusion: a fused op is part of the kernel that reads it,
 a value made of constants alone is made by no kernel, and a loop is one kernel of its
