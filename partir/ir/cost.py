@@ -38,7 +38,6 @@ from partir.ir.program import Program
 from partir.ir.propagate import Axes, Propagator, Sharding, State, join_axes, split_axes
 from partir.ir.resharding import local_size, reshard
 from partir.ir.rules import Kind
-from partir.ir.schedule import checkpoint_operands
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # how tables abbreviate the kinds
@@ -199,13 +198,13 @@ class CostModel:
         self._ways: dict[Sharding, int] = {}  # see _ways_of
         self._operands = propagator.operands
         prog = self.program
-        barriers = device.schedules_breadth_first and not device.merges_recompute()
+        keeps_barriers = device.schedules_breadth_first and not device.merges_recompute()
         self.liveness = liveness.analyse(
             prog,
             self._operands,
             donate=donate,
             breadth_first=device.schedules_breadth_first,
-            checkpoint_barriers=barriers,
+            checkpoint_barriers=keeps_barriers,
             library_reductions=device.library_reductions_from is not None,
             convs_need_layout=device.convs_need_layout,
         )
@@ -214,12 +213,11 @@ class CostModel:
         # operands, and in a checkpoint region whose barrier XLA keeps, all the region's
         # operands
         self._waits_for: list[Sequence[int]] = list(self._operands)
-        if barriers:
-            region_operands = checkpoint_operands(prog, self._operands, self.liveness.live_ops)
-            for i, op in enumerate(prog.ops):
-                if op.region in region_operands:
-                    both = [*self._operands[i], *region_operands[op.region]]
-                    self._waits_for[i] = tuple(dict.fromkeys(both))
+        region_operands = self.liveness.barriers
+        for i, op in enumerate(prog.ops):
+            if op.region in region_operands:
+                both = [*self._operands[i], *region_operands[op.region]]
+                self._waits_for[i] = tuple(dict.fromkeys(both))
         self._stored = self.liveness.stored.tolist()
         self._live_ops = self.liveness.live_ops.tolist()
         self.is_input = np.zeros(len(prog.values), dtype=bool)

@@ -152,6 +152,9 @@ class Liveness:
     # reductions run as library kernels (see `library_read`), with the readers that compute
     # them again then (XLA:CPU duplicates the producer into each kernel that takes it in)
     library_read: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    # per checkpoint region whose optimization barrier XLA keeps, the values it waits for
+    # (`schedule.checkpoint_operands`); empty where the barrier is dropped
+    barriers: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def analyse(
@@ -199,9 +202,8 @@ def analyse(
 
     # fusion, backwards: an op whose one result is fused runs where its reader runs; the
     # operands of a kept optimization barrier are buffers of their own
-    barred: set[int] = set()
-    if checkpoint_barriers:
-        barred = set().union(*checkpoint_operands(program, operands, live_ops).values())
+    barriers = checkpoint_operands(program, operands, live_ops) if checkpoint_barriers else {}
+    barred = set().union(*barriers.values())
     fused: set[int] = set()
     fused_ops: list[int] = []  # latest first
     library_read: dict[int, list[int]] = {}  # see Liveness
@@ -230,9 +232,7 @@ def analyse(
         fused_ops.append(i)
         into_reduction[i] = reduced
     graph = (
-        KernelGraph(program, operands, live_ops, fused | free, checkpoint_barriers)
-        if breadth_first
-        else None
+        KernelGraph(program, operands, live_ops, fused | free, barriers) if breadth_first else None
     )
     position = graph.positions()[0] if graph else np.arange(end, dtype=np.int64)
 
@@ -257,6 +257,7 @@ def analyse(
         fused_ops,
         graph,
         library_read,
+        barriers,
     )
     _place_fused(program, lv, position)
     return _with_ranges(program, operands, lv, position)

@@ -18,7 +18,7 @@ outer computation that keeps its own order inside.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -34,11 +34,12 @@ class KernelGraph:
         operands: Sequence[Sequence[int]],
         live_ops: np.ndarray,
         unmade: set[int],
-        barriers: bool = False,
+        barriers: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         """`unmade`: the values no kernel makes (free ones, and those fused into their
-        readers); a kernel that reads one waits for what that value is made of. With
-        `barriers`, each kernel of a checkpoint region waits for all the region's operands."""
+        readers); a kernel that reads one waits for what that value is made of. `barriers`:
+        per checkpoint region whose optimization barrier XLA keeps, its operands
+        (`checkpoint_operands`); each kernel of the region waits for all of them."""
         ops = program.ops
         end = len(ops)
         self.end = end
@@ -52,7 +53,7 @@ class KernelGraph:
         self.maker: dict[int, int] = {}  # value -> the kernel that makes it
         carriers: dict[int, tuple[int, ...]] = {}  # value -> the kernel-made values it needs
         self.waits_on: dict[int, set[int]] = {}  # kernel -> the kernel-made values it reads
-        region_operands = checkpoint_operands(program, operands, live_ops) if barriers else {}
+        region_operands = barriers or {}
         barrier: dict[int, set[int]] = {}  # region -> the kernel-made values of its operands
         for i in range(end):
             if not live_ops[i]:
