@@ -207,6 +207,7 @@ class CostModel:
             checkpoint_barriers=keeps_barriers,
             library_reductions=device.library_reductions_from is not None,
             convs_need_layout=device.convs_need_layout,
+            cheap_f32_math=device.cheap_f32_math,
         )
         self.free = self.liveness.free
         # what each op's results wait for, for the chains XLA's combiners look at: its
@@ -323,6 +324,15 @@ class CostModel:
                 for k, axes, n, r in template.collectives
             ),
             template.partial,
+        )
+
+    def op_seconds(self, i: int, c: OpCost) -> float:
+        """Op `i`'s compute time at cost `c`, all its repeats: FLOPs or HBM traffic, whichever
+        takes longer; a fused op reads its stored operands once per kernel it runs in."""
+        dev = self.device
+        nbytes = c.bytes * self.liveness.kernels.get(i, 1)
+        return self.program.ops[i].multiplicity * max(
+            c.flops / dev.flops, nbytes / dev.hbm_bandwidth
         )
 
     def slices_an_input_to_reduce(self, i: int, state: State) -> bool:
@@ -664,6 +674,7 @@ class CostModel:
         transposed: dict[tuple, float] = {}  # reshard key -> bytes of its gathered layout
         stack_of, copied = self._stack_of, set()  # layer stacks whose slices are gathered
         loop_end = self._loop_end
+        kernels_of = self.liveness.kernels.get
         for i, (op, waits) in enumerate(zip(self.program.ops, self._waits_for)):
             if not live_ops[i]:
                 continue
@@ -672,9 +683,10 @@ class CostModel:
                 c = self.op_cost(i, state)
             m = op.multiplicity
             if c.flops or c.bytes:
-                compute += m * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
+                nbytes = c.bytes * kernels_of(i, 1)
+                compute += m * max(c.flops / dev.flops, nbytes / dev.hbm_bandwidth)
                 flops_total += m * c.flops
-                hbm += m * c.bytes
+                hbm += m * nbytes
             level = max(map(depth_of, waits)) if deepest and waits else 0
             after = False  # the op's results wait for a collective (its own or a reused one)
             for kind, axes, nbytes, reuse in c.collectives:

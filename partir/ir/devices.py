@@ -54,6 +54,11 @@ class Device:
     # feature; kernels spatial, in, out): an operand cut otherwise is copied first, as soon
     # as it is made (the activations a kernel gradient reads, copied in the forward pass).
     convs_need_layout: bool = False
+    # The device's compiler calls f32 and f16 division, square roots and exponentials cheap
+    # and computes them again in every kernel that reads them (XLA:GPU's
+    # GpuInstructionFusion::IsExpensive): a softmax's `exp` is then no buffer of its own.
+    # Elsewhere (XLA:CPU, the generic rule) such an op with several readers is a buffer.
+    cheap_f32_math: bool = False
 
     def merges_recompute(self) -> bool:
         """Whether checkpoint regions' recompute is merged with the forward pass."""
@@ -96,15 +101,21 @@ CATALOG: dict[str, Device] = {
         Device("tpu-v6e", 918e12, 32 * GiB, 1640 * GB, 112 * GB),
         # NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 80 GB HBM2e at 2,039 GB/s,
         # NVLink 600 GB/s (300 GB/s per direction), 8 per node, HDR InfiniBand 25 GB/s.
-        Device("a100-80g", 312e12, 80 * GB, 2039 * GB, 300 * GB, 2e-6, 8, 25 * GB),
+        Device(
+            "a100-80g", 312e12, 80 * GB, 2039 * GB, 300 * GB, 2e-6, 8, 25 * GB, cheap_f32_math=True
+        ),
         # H100 SXM datasheet: 989 TFLOP/s bf16 dense, 80 GB HBM3 at 3,350 GB/s,
         # NVLink 900 GB/s (450 per direction), 8 per node, NDR InfiniBand 50 GB/s.
-        Device("h100", 989e12, 80 * GB, 3350 * GB, 450 * GB, 2e-6, 8, 50 * GB),
+        Device("h100", 989e12, 80 * GB, 3350 * GB, 450 * GB, 2e-6, 8, 50 * GB, cheap_f32_math=True),
         # H200 datasheet: as H100 with 141 GB HBM3e at 4,800 GB/s.
-        Device("h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 2e-6, 8, 50 * GB),
+        Device(
+            "h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 2e-6, 8, 50 * GB, cheap_f32_math=True
+        ),
         # B200 (DGX B200 datasheet): 2,250 TFLOP/s bf16 dense, 180 GB HBM3e at 8 TB/s,
         # NVLink 5 1,800 GB/s (900 per direction), 8 per node, 50 GB/s network.
-        Device("b200", 2250e12, 180 * GB, 8000 * GB, 900 * GB, 2e-6, 8, 50 * GB),
+        Device(
+            "b200", 2250e12, 180 * GB, 8000 * GB, 900 * GB, 2e-6, 8, 50 * GB, cheap_f32_math=True
+        ),
         # A laptop-class CPU "device", for examples that run here: ~1 TFLOP/s f32 vector
         # peak, 16 GiB, ~50 GB/s memory, ~10 GB/s between fake devices.
         Device(

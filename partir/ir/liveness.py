@@ -11,8 +11,10 @@ XLA never stores every value of a program. What it does, and what this module mo
 - Fusion: a pointwise or layout op whose result is read only by pointwise, layout or
   reduction ops runs inside their kernels (XLA's loop and input fusions): with one reader
   always, with several only if it is cheap to compute again in each (not a transcendental or
-  a division, which XLA keeps in a buffer). Its result is no buffer, and its operands are
-  read where the last fused kernel runs. Matmul and convolution operands are materialised (as
+  a division, which XLA keeps in a buffer; on GPUs f32 `exp`, division and square roots are
+  cheap). Its result is no buffer; its operands are read where the last fused kernel runs,
+  and by every kernel it runs in (`Liveness.kernels`: each reads them from memory). Matmul
+  and convolution operands are materialised (as
   XLA:CPU's library calls need).
 - Loops: a loop's stacked inputs and constants live until the body's last use of them; its
   stacked outputs (a scan's residuals) live from the iteration that first writes them.
@@ -97,7 +99,12 @@ EXPENSIVE = frozenset(
         "integer_pow",
     )
 )
+# pointwise ops XLA's GPU compiler calls cheap on f32 and f16 and duplicates into each reader
+# (GpuInstructionFusion::IsExpensive); see `Device.cheap_f32_math`
+CHEAP_F32_MATH = frozenset(("div", "sqrt", "rsqrt", "exp"))
 # link kinds whose outer value the loop body reads on every iteration
+MAX_KERNELS = 8  # a fused op runs in at most this many kernels
+_F32_F16 = frozenset((np.dtype(np.float32), np.dtype(np.float16)))
 _READ_IN_BODY = frozenset(("const", "xs", "operand"))
 
 
@@ -155,6 +162,8 @@ class Liveness:
     # per checkpoint region whose optimization barrier XLA keeps, the values it waits for
     # (`schedule.checkpoint_operands`); empty where the barrier is dropped
     barriers: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    # per fused op, the kernels it runs in: each reads the op's stored operands again
+    kernels: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def analyse(
@@ -166,6 +175,7 @@ def analyse(
     checkpoint_barriers: bool = False,
     library_reductions: bool = False,
     convs_need_layout: bool = False,
+    cheap_f32_math: bool = False,
 ) -> Liveness:
     """The liveness of `program`'s values; `operands`: per op, the value ids it reads. With
     `breadth_first`, the kernels run in the order of XLA:CPU's schedule (`KernelGraph`);
@@ -176,7 +186,8 @@ def analyse(
     where the reduction is a library call, see `Device.library_reductions_from`; the cost
     model decides by its size). With `convs_need_layout`, a convolution that reads an
     operand in another layout than its own reads a copy (`layout_copies`), and the operand
-    lives only as long as its other readers need it."""
+    lives only as long as its other readers need it. With `cheap_f32_math`, f32 and f16
+    ops of `CHEAP_F32_MATH` are fused into several readers too (XLA:GPU's rule)."""
     ops, values = program.ops, program.values
     n, end = len(values), len(ops)
     free = free_values(program)
@@ -208,6 +219,7 @@ def analyse(
     fused_ops: list[int] = []  # latest first
     library_read: dict[int, list[int]] = {}  # see Liveness
     into_reduction = np.zeros(end, dtype=bool)  # the op runs in a reduction's kernel
+    kernel_sets: dict[int, frozenset[int]] = {}  # per fused op, the kernels it runs in
     for i in range(end - 1, -1, -1):
         op = ops[i]
         if op.primitive in REDUCTIONS:
@@ -219,17 +231,25 @@ def analyse(
         if v in free or v in barred or is_output[v] or not rs:
             continue
         if len(rs) > 1 and op.primitive in EXPENSIVE:
-            continue
+            cheap = op.primitive in CHEAP_F32_MATH and values[v].dtype in _F32_F16
+            if not (cheap_f32_math and cheap):
+                continue
         if not all(
             ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity for r in rs
         ):
             continue
+        reach: set[int] = set()
+        for r in rs:
+            reach |= kernel_sets.get(r, {r})
+        if len(reach) > MAX_KERNELS:
+            continue  # XLA stores it rather than compute it again in every later kernel
         reduced = any(into_reduction[r] for r in rs)
         if reduced and library_reductions and _reads_a_broadcast(program, op, free):
             library_read[v] = [r for r in rs if not into_reduction[r]]
             continue
         fused.add(v)
         fused_ops.append(i)
+        kernel_sets[i] = frozenset(reach)
         into_reduction[i] = reduced
     graph = (
         KernelGraph(program, operands, live_ops, fused | free, barriers) if breadth_first else None
@@ -258,6 +278,7 @@ def analyse(
         graph,
         library_read,
         barriers,
+        _kernels_of_fused(ops, fused_ops, readers, fused),
     )
     _place_fused(program, lv, position)
     return _with_ranges(program, operands, lv, position)
@@ -281,6 +302,24 @@ def rescheduled(
     if last >= lv.end:
         lv = dataclasses.replace(lv, end=last + 1)
     return _with_ranges(program, operands, lv, position), places
+
+
+def _kernels_of_fused(
+    ops: Sequence, fused_ops: Sequence[int], readers: Sequence[Sequence[int]], fused: set[int]
+) -> dict[int, int]:
+    """Per fused op, how many kernels it runs in: the unfused ops its results reach through
+    fused values (readers first: `fused_ops` is latest first)."""
+    kernels: dict[int, frozenset[int]] = {}
+    for i in fused_ops:
+        (v,) = ops[i].outputs
+        reach: set[int] = set()
+        for r in readers[v]:
+            if all(u in fused for u in ops[r].outputs) and r in kernels:
+                reach |= kernels[r]
+            else:
+                reach.add(r)
+        kernels[i] = frozenset(reach)
+    return {i: len(k) for i, k in kernels.items()}
 
 
 def _place_fused(program: Program, lv: Liveness, position: np.ndarray) -> None:

@@ -45,13 +45,12 @@ def layer_of_ops(goal) -> list[str]:
 def per_layer(goal, plan) -> dict[str, tuple[float, float]]:
     """{layer: (compute seconds, communication seconds)} of the plan's cost."""
     model, prog = goal.cost_model, goal.program
-    dev = goal.device
     layers = layer_of_ops(goal)
     out: dict[str, list[float]] = {}
     for op, layer in zip(prog.ops, layers):
         c = model.op_cost(op.index, plan.state)
         row = out.setdefault(layer, [0.0, 0.0])
-        row[0] += op.multiplicity * max(c.flops / dev.flops, c.bytes / dev.hbm_bandwidth)
+        row[0] += model.op_seconds(op.index, c)
         row[1] += op.multiplicity * sum(
             model.collective_time(k, a, b) for k, a, b, _ in c.collectives
         )
