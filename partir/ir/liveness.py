@@ -278,7 +278,7 @@ def analyse(
         graph,
         library_read,
         barriers,
-        _kernels_of_fused(ops, fused_ops, readers, fused),
+        {i: len(k) for i, k in kernel_sets.items()},
     )
     _place_fused(program, lv, position)
     return _with_ranges(program, operands, lv, position)
@@ -302,24 +302,6 @@ def rescheduled(
     if last >= lv.end:
         lv = dataclasses.replace(lv, end=last + 1)
     return _with_ranges(program, operands, lv, position), places
-
-
-def _kernels_of_fused(
-    ops: Sequence, fused_ops: Sequence[int], readers: Sequence[Sequence[int]], fused: set[int]
-) -> dict[int, int]:
-    """Per fused op, how many kernels it runs in: the unfused ops its results reach through
-    fused values (readers first: `fused_ops` is latest first)."""
-    kernels: dict[int, frozenset[int]] = {}
-    for i in fused_ops:
-        (v,) = ops[i].outputs
-        reach: set[int] = set()
-        for r in readers[v]:
-            if all(u in fused for u in ops[r].outputs) and r in kernels:
-                reach |= kernels[r]
-            else:
-                reach.add(r)
-        kernels[i] = frozenset(reach)
-    return {i: len(k) for i, k in kernels.items()}
 
 
 def _place_fused(program: Program, lv: Liveness, position: np.ndarray) -> None:
