@@ -96,9 +96,10 @@ def test_a_stack_whose_slices_are_all_gathered_is_copied_once_on_cpu():
     plan = make_plan(goal, specs)
     shard, layer = 8 * 1024 * 1024 * 4 // 8, 1024 * 1024 * 4
     tpu = make_plan(goal.replace(device="tpu-v4"), specs)
-    assert plan.cost.peak_memory_bytes - tpu.cost.peak_memory_bytes == shard + layer
-    # 1.06x: the model holds two carry-sized buffers (1 MiB) that XLA updates in place
-    assert plan.cost.peak_memory_bytes == pytest.approx(xla_peak(goal, plan), rel=0.07)
+    # and the sliced shard is freed once gathered (the gather runs as soon as it exists)
+    assert plan.cost.peak_memory_bytes - tpu.cost.peak_memory_bytes == shard + layer - layer // 8
+    # 1.03x: the model holds two carry-sized buffers (1 MiB) that XLA updates in place
+    assert plan.cost.peak_memory_bytes == pytest.approx(xla_peak(goal, plan), rel=0.05)
 
 
 def _masked_loop(ws, x, inside=False):
@@ -297,3 +298,16 @@ def test_a_norms_centred_values_are_a_buffer_only_where_xla_cpu_reduces_in_a_lib
     buffers = {bool(cm.local_bytes(plan.state)[v] > 0) for v in subs}
     text = plan.jit().lower(*goal.args).compile().as_text()
     assert buffers == {"broadcast_subtract_fusion" in text} == {rows * 64 >= 4096}
+
+
+def test_cpu_gathers_a_weight_for_the_backward_as_soon_as_it_exists():
+    # ZeRO-3 kernels: the backward's input-gradient convolution reads each kernel reversed
+    # and gathered. XLA:CPU runs a collective once its operand exists, so the reversed kernels
+    # are gathered beside the arguments and held, whole, until the backward reads them (the
+    # model read 0.89 of XLA's peak with the gathers at their readers); the reversed shard
+    # itself is freed once gathered
+    args = ([S((3, 3, 64, 64), f32)] * 4, S((16, 16, 16, 64), f32))
+    goal = Goal(jax.grad(_convs), args, {"data": 8})
+    kernels = {f"ws/{k}": P(None, None, None, "data") for k in range(4)}
+    plan = make_plan(goal, {"x": P("data"), **kernels})
+    assert plan.cost.peak_memory_bytes == pytest.approx(xla_peak(goal, plan), rel=0.03)

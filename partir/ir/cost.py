@@ -746,6 +746,23 @@ class CostModel:
             key: [int(position[ops].min()), int(position[ops].max()), b]
             for key, (ops, b) in buffers.items()
         }
+        if self.device.schedules_breadth_first:
+            # the collective is ready once its operand exists, and runs then: a weight is
+            # gathered with the arguments, however late its reader; a computed value that
+            # every reader reads resharded is freed once the last reshard of it has run
+            resharded: dict[int, set[int]] = {}
+            first: dict[int, int] = {}
+            for (v, *_), (ops, _), span in zip(buffers, buffers.values(), spans.values()):
+                if self._stored[v] or self.is_input[v]:
+                    span[0] = min(span[0], int(lv.birth[v]))
+                    resharded.setdefault(v, set()).update(ops)
+                    first[v] = max(first.get(v, 0), span[0])
+            kept = {v for _, v in returned}  # outputs: freed once resharded, below
+            for v, ops in resharded.items():
+                if v in kept or self.is_input[v] or lv.death[v] <= first[v]:
+                    continue
+                if set(lv.readers[v]) <= ops:
+                    spans[(v, "freed")] = [first[v] + 1, int(lv.death[v]), -lb[v]]
         for reuse, v in returned:  # the resharded state replaces its output to the end
             start = spans[reuse][0]
             spans[reuse][1] = end
