@@ -752,7 +752,8 @@ class CostModel:
             # every reader reads resharded is freed once the last reshard of it has run
             resharded: dict[int, set[int]] = {}
             first: dict[int, int] = {}
-            for (v, *_), (ops, _), span in zip(buffers, buffers.values(), spans.values()):
+            for key, (ops, _) in buffers.items():
+                v, span = key[0], spans[key]
                 if self._stored[v] or self.is_input[v]:
                     span[0] = min(span[0], int(lv.birth[v]))
                     resharded.setdefault(v, set()).update(ops)
