@@ -754,15 +754,15 @@ class CostModel:
             first: dict[int, int] = {}
             for key, (ops, _) in buffers.items():
                 v, span = key[0], spans[key]
-                if self._stored[v] or self.is_input[v]:
+                if self.is_input[v]:
+                    span[0] = 0
+                elif self._stored[v]:
                     span[0] = min(span[0], int(lv.birth[v]))
                     resharded.setdefault(v, set()).update(ops)
                     first[v] = max(first.get(v, 0), span[0])
             kept = {v for _, v in returned}  # outputs: freed once resharded, below
             for v, ops in resharded.items():
-                if v in kept or self.is_input[v] or lv.death[v] <= first[v]:
-                    continue
-                if set(lv.readers[v]) <= ops:
+                if v not in kept and lv.death[v] > first[v] and set(lv.readers[v]) <= ops:
                     spans[(v, "freed")] = [first[v] + 1, int(lv.death[v]), -lb[v]]
         for reuse, v in returned:  # the resharded state replaces its output to the end
             start = spans[reuse][0]
