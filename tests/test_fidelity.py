@@ -336,6 +336,25 @@ def test_reduce_scattered_gradients_are_whole_at_the_reduction_on_cpu():
     assert tpu_plan.cost.peak_memory_bytes < 0.85 * plan.cost.peak_memory_bytes
 
 
+def _relu_chain(ws, x):
+    h = x
+    for w in ws:
+        h = jax.nn.relu(h @ w)
+    return h.sum()
+
+
+def test_an_activation_reduce_scattered_stays_whole_while_pointwise_readers_slice_it_on_cpu():
+    # each matmul contracts its cut dim and scatters its result: XLA:CPU all-reduces it whole
+    # and fuses the slice into each reader (the relu and, in the backward, its mask), so the
+    # whole result lives as long as the value (the model with shards there: 0.65 of XLA)
+    args = ([S((512, 512), f32)] * 4, S((256, 512), f32))
+    goal = Goal(jax.grad(_relu_chain), args, MESH_1D)
+    plan = make_plan(goal, {"x": P(None, "batch"), **{f"ws/{i}": P("batch") for i in range(4)}})
+    assert plan.cost.bytes_by_kind()["reduce-scatter"] > 0
+    xla_peak = verify(goal, plan).stats.true_peak_bytes
+    assert plan.cost.peak_memory_bytes == pytest.approx(xla_peak, rel=0.08)
+
+
 def test_a_gradient_reduce_scattered_beside_an_idle_axis_is_computed_shard_by_shard():
     # BP+FSDP on data x fsdp x tensor leaves `tensor` idle: XLA computes each weight
     # gradient's fsdp shard on half of the tensor devices, all-reduces the shard over

@@ -220,6 +220,16 @@ class CostModel:
                 both = [*self._operands[i], *region_operands[op.region]]
                 self._waits_for[i] = tuple(dict.fromkeys(both))
         self._stored = self.liveness.stored.tolist()
+        # where the device scatters whole: the values, no outputs, that only kernels taking a
+        # slice of their operands in read (see _unreduced)
+        outputs = set(prog.outputs.values())
+        self._slices_fused = [
+            device.scatters_whole
+            and v not in outputs
+            and bool(rs)
+            and all(prog.ops[r].primitive in liveness.FUSES_INPUTS for r in rs)
+            for v, rs in enumerate(self.liveness.readers)
+        ]
         self._live_ops = self.liveness.live_ops.tolist()
         self.is_input = np.zeros(len(prog.values), dtype=bool)
         self.is_input[list(prog.inputs.values())] = True
@@ -774,7 +784,7 @@ class CostModel:
         for s in copied:
             first, last = position[list(self._stack_span[s])]
             extra.append((min(first, last), max(first, last), lb[s]))
-        extra += self._unreduced(partials, ready, position, lb)
+        extra += self._unreduced(partials, ready, lv, lb)
         for i, u in lv.layout_copies:  # made as soon as the operand is, read by the conv
             start = lv.birth[u] if self._stored[u] else position[i]
             nbytes = local_size(self.prop.shapes[u], state.shardings.get(u, ()), self.mesh)
@@ -803,13 +813,14 @@ class CostModel:
         return lv, {group: at for group, at in zip(members, places) if at is not None}
 
     def _unreduced(
-        self, partials, ready: dict[tuple, int], position: np.ndarray, lb: np.ndarray
+        self, partials, ready: dict[tuple, int], lv: liveness.Liveness, lb: np.ndarray
     ) -> list[tuple[int, int, float]]:
         """Buffers of partial sums: each lives until the reduction of its group runs (XLA's
         combiners fuse reductions that do not depend on each other into one: at `ready`, else
         after the last of them is ready), and its reduced result only from then on. Where
         the device scatters whole (Device docs), a reduce-scatter's result is whole at the
-        reduction."""
+        reduction, and stays whole while it lives where all its readers fuse the slice in."""
+        position = lv.position
         ready = dict(ready)
         placed = set(ready)
         for i, group, _, _ in partials:
@@ -821,7 +832,11 @@ class CostModel:
             at, until = int(position[i]), ready[group]
             extra.append((at, until, nbytes))
             if whole and group[0] == "reduce-scatter":
-                extra.append((until, until, nbytes))
+                if self._stored[v] and self._slices_fused[v]:
+                    # every reader takes the slice in: the whole result is the buffer
+                    extra.append((until, max(until, int(lv.death[v])), nbytes - lb[v]))
+                else:
+                    extra.append((until, until, nbytes))
             if until > at and self._stored[v]:
                 extra.append((at, until - 1, -lb[v]))
         return extra

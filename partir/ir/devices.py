@@ -34,7 +34,9 @@ class Device:
     # or GPU builds, so not modelled for them.
     gathers_major_most: bool = False
     # The device runs a reduce-scatter as an all-reduce and a slice (XLA:CPU): the combined
-    # reduction's results are whole arrays, all live at once beside the partial sums.
+    # reduction's results are whole arrays, all live at once beside the partial sums, and a
+    # result whose readers all fuse the slice in (pointwise, layout, reductions) stays whole
+    # while it lives.
     scatters_whole: bool = False
     # The device's schedule runs each kernel as soon as the kernels it reads have run,
     # breadth first (XLA:CPU's default scheduler; partir.ir.schedule.KernelGraph). TPU and
