@@ -9,9 +9,10 @@ XLA never stores every value of a program. What it does, and what this module mo
 - Dead code: a value no op reads and the program does not return, and the ops that only feed
   such values. XLA removes them.
 - Fusion: a pointwise or layout op whose result is read only by pointwise, layout or
-  reduction ops runs inside their kernels (XLA's loop and input fusions): with one reader
-  always, with several only if it is cheap to compute again in each (not a transcendental or
-  a division, which XLA keeps in a buffer; on GPUs f32 `exp`, division and square roots are
+  reduction ops runs inside their kernels (XLA's loop and input fusions): where its readers
+  all run in one kernel always, in several only if it is cheap to compute again in each (not
+  a transcendental or a division by a computed value, which XLA keeps in a buffer: a division
+  by a constant is a multiplication; on GPUs f32 `exp`, division and square roots are
   cheap). Its result is no buffer; its operands are read where the last fused kernel runs,
   and by every kernel it runs in (`Liveness.kernels`: each reads them from memory). Matmul
   and convolution operands are materialised (as
@@ -230,10 +231,6 @@ def analyse(
         rs = readers[v]
         if v in free or v in barred or is_output[v] or not rs:
             continue
-        if len(rs) > 1 and op.primitive in EXPENSIVE:
-            cheap = op.primitive in CHEAP_F32_MATH and values[v].dtype in _F32_F16
-            if not (cheap_f32_math and cheap):
-                continue
         if not all(
             ops[r].primitive in FUSES_INPUTS and ops[r].multiplicity == op.multiplicity for r in rs
         ):
@@ -243,6 +240,11 @@ def analyse(
             reach |= kernel_sets.get(r, {r})
         if len(reach) > MAX_KERNELS:
             continue  # XLA stores it rather than compute it again in every later kernel
+        if len(reach) > 1 and op.primitive in EXPENSIVE and not _divides_by_a_constant(program, op):
+            # computed again in each of several kernels: XLA keeps it a buffer instead
+            cheap = op.primitive in CHEAP_F32_MATH and values[v].dtype in _F32_F16
+            if not (cheap_f32_math and cheap):
+                continue
         reduced = any(into_reduction[r] for r in rs)
         if reduced and library_reductions and _reads_a_broadcast(program, op, free):
             library_read[v] = [r for r in rs if not into_reduction[r]]
@@ -386,6 +388,20 @@ def _layout_copies(prog: Program, live_ops: np.ndarray) -> list[tuple[int, int]]
             ):
                 pairs.append((i, u))
     return pairs
+
+
+def _divides_by_a_constant(program: Program, op) -> bool:
+    """Whether `op` divides by a constant (a literal, or layout ops of literals): XLA's
+    algebraic simplifier makes it a multiplication by the inverse, no expensive op."""
+    if op.primitive != "div":
+        return False
+    v = op.inputs[1]
+    while v is not None:
+        i = program.producer[v]
+        if i is None or program.ops[i].primitive not in LAYOUT or len(program.ops[i].inputs) != 1:
+            return False
+        (v,) = program.ops[i].inputs
+    return True
 
 
 def _reads_a_broadcast(program: Program, op, free: set[int]) -> bool:
