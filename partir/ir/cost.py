@@ -220,16 +220,19 @@ class CostModel:
                 both = [*self._operands[i], *region_operands[op.region]]
                 self._waits_for[i] = tuple(dict.fromkeys(both))
         self._stored = self.liveness.stored.tolist()
-        # where the device scatters whole: the values, no outputs, that only kernels taking a
-        # slice of their operands in read (see _unreduced)
-        outputs = set(prog.outputs.values())
-        self._slices_fused = [
-            device.scatters_whole
-            and v not in outputs
-            and bool(rs)
-            and all(prog.ops[r].primitive in liveness.FUSES_INPUTS for r in rs)
-            for v, rs in enumerate(self.liveness.readers)
-        ]
+        # where the device scatters whole: the stored values, no outputs, that only kernels
+        # taking a slice of their operands in read (see _unreduced)
+        self._slices_fused: set[int] = set()
+        if device.scatters_whole:
+            outputs = set(prog.outputs.values())
+            self._slices_fused = {
+                v
+                for v, rs in enumerate(self.liveness.readers)
+                if rs
+                and self._stored[v]
+                and v not in outputs
+                and all(prog.ops[r].primitive in liveness.FUSES_INPUTS for r in rs)
+            }
         self._live_ops = self.liveness.live_ops.tolist()
         self.is_input = np.zeros(len(prog.values), dtype=bool)
         self.is_input[list(prog.inputs.values())] = True
@@ -832,7 +835,7 @@ class CostModel:
             at, until = int(position[i]), ready[group]
             extra.append((at, until, nbytes))
             if whole and group[0] == "reduce-scatter":
-                if self._stored[v] and self._slices_fused[v]:
+                if v in self._slices_fused:
                     # every reader takes the slice in: the whole result is the buffer
                     extra.append((until, max(until, int(lv.death[v])), nbytes - lb[v]))
                 else:
